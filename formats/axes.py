@@ -1,0 +1,86 @@
+"""Axis kinds: the levels every sparse format is composed of (SparseTIR's four kinds).
+
+A format is a chain of axes, outermost first. Each axis states its properties as
+plain flags, and lowering asks about those flags — never about a format's name:
+
+    variable   the axis's extent depends on its parent's position (it owns an ``indptr``)
+    sparse     the axis's coordinate is read from an ``indices`` array (not its loop index)
+    padded     some stored slots are padding, marked by a sentinel index of -1
+
+Positions compose the way SparseTIR's ``ComputeOffset`` does, so every value and
+index array can be stored flat:
+
+    DenseFixed     pos = parent_pos * extent + p            (root: pos = p)
+    DenseVariable  pos = indptr[parent_pos] + p,  p < indptr[parent_pos + 1] - indptr[parent_pos]
+    SparseFixed    pos = parent_pos * width + p,   coord = indices[pos]   (-1 = padding)
+    SparseVariable pos = indptr[parent_pos] + p,   coord = indices[pos]
+
+Each axis contributes ``coord * scale`` to one logical dimension (``dim`` 0 = rows,
+1 = columns); BSR's block-row axis has scale r and its in-block axis scale 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One level of a format. ``name`` is unique within a format."""
+
+    name: str
+    dim: int
+    scale: int = 1
+
+    variable: ClassVar[bool] = False
+    sparse: ClassVar[bool] = False
+    padded: ClassVar[bool] = False
+
+    def __post_init__(self):
+        if self.dim not in (0, 1):
+            raise ValueError(f"axis {self.name!r}: dim should be 0 (rows) or 1 (columns), got {self.dim}")
+        if self.scale < 1:
+            raise ValueError(f"axis {self.name!r}: scale should be >= 1, got {self.scale}")
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class DenseFixed(Axis):
+    """A dense axis of fixed extent. ``extent=None`` means it is only known at run time
+    (the root axis of a matrix, whose length is the number of (block) rows)."""
+
+    extent: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class DenseVariable(Axis):
+    """A ragged dense axis: a per-parent length given by ``indptr`` (name of the index array)."""
+
+    indptr: str = "indptr"
+    variable: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class SparseFixed(Axis):
+    """ELL-like: ``width`` slots per parent, coordinates in ``indices``; unused slots hold -1."""
+
+    width: int = 1
+    indices: str = "indices"
+    sparse: ClassVar[bool] = True
+    padded: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class SparseVariable(Axis):
+    """CSR-like: a per-parent count from ``indptr`` and coordinates from ``indices``."""
+
+    indptr: str = "indptr"
+    indices: str = "indices"
+    variable: ClassVar[bool] = True
+    sparse: ClassVar[bool] = True
+
+
+AXIS_KINDS = (DenseFixed, DenseVariable, SparseFixed, SparseVariable)

@@ -1,0 +1,144 @@
+"""Format declarations and converted matrices.
+
+``Format`` is a declaration: a name, a chain of axes (``formats.axes``) and the knobs
+that shaped it (block size, width). ``FormatInstance`` is one matrix stored in a
+format: flat int32 index arrays named by the axes, and one flat value array with a
+slot per stored position (padding slots hold 0 and are marked by index -1).
+
+Lowering reads only ``Format.axes`` and the array names; conversions, validation and
+statistics live in the per-format modules (``csr.py``, ``bsr.py``, ``ell.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from .axes import Axis
+
+SUPPORTED_VALUE_DTYPES = ("float32", "float64", "float16")
+
+
+@dataclass(frozen=True)
+class Format:
+    """A sparse format as a composition of axes.
+
+    ``params`` are the knobs that produced the axes, as sorted (name, value) pairs so
+    that a Format is hashable and can key caches and tuning records.
+    """
+
+    name: str
+    axes: Tuple[Axis, ...]
+    params: Tuple[Tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"format {self.name!r}: axis names should be unique, got {names}")
+        if not self.axes or self.axes[0].variable or self.axes[0].sparse:
+            raise ValueError(f"format {self.name!r}: the first axis should be DenseFixed (the rows)")
+
+    @property
+    def spec(self) -> str:
+        """Short text form used by the CLI and in records, e.g. ``bsr:4x5`` or ``ell:8``."""
+        if not self.params:
+            return self.name
+        vals = []
+        for _, v in self.params:
+            vals.append("x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+        return f"{self.name}:{','.join(vals)}"
+
+    def param(self, name: str, default=None):
+        return dict(self.params).get(name, default)
+
+    def index_array_names(self) -> Tuple[str, ...]:
+        """Names of the index arrays a kernel takes, in axis order (indptr before indices)."""
+        out = []
+        for a in self.axes:
+            for attr in ("indptr", "indices"):
+                n = getattr(a, attr, None)
+                if n is not None and n not in out:
+                    out.append(n)
+        return tuple(out)
+
+
+@dataclass
+class FormatInstance:
+    """One matrix in one format.
+
+    Invariants (checked by the format's ``check``):
+      * ``arrays[name]`` is a C-contiguous 1-D int32 array for every name in
+        ``format.index_array_names()``;
+      * ``data`` is C-contiguous and 1-D, one slot per stored position, in the flat
+        position order of ``formats.axes`` (BSR: block-major, then row, then column);
+      * ``shape`` is the logical (rows, cols); stored slots whose coordinates fall
+        outside it (BSR edge blocks) or whose index is -1 (ELL padding) hold 0.
+    """
+
+    format: Format
+    shape: Tuple[int, int]
+    arrays: Dict[str, np.ndarray]
+    data: np.ndarray
+    nnz: int
+    conversion_s: float = 0.0
+    _coords: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def stored(self) -> int:
+        return int(self.data.size)
+
+    def root_extent(self) -> int:
+        """Length of the first (row) axis: rows, or block rows."""
+        from . import registry
+
+        return registry.module_for(self.format).root_extent(self)
+
+    def stored_coords(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(row, col) of every stored slot, aligned with ``data``; -1 marks a slot that is
+        not part of the matrix (padding, or past the edge of the logical shape)."""
+        if self._coords is None:
+            from . import registry
+
+            self._coords = registry.module_for(self.format).stored_coords(self)
+        return self._coords
+
+    def valid_slots(self) -> np.ndarray:
+        rows, _ = self.stored_coords()
+        return rows >= 0
+
+    def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
+        """The stored entries as a canonical scipy CSR matrix (explicit zeros inside blocks
+        are kept, padding is dropped). ``values`` replaces ``data`` (e.g. an SDDMM output)."""
+        vals = self.data if values is None else np.asarray(values).reshape(-1)
+        if vals.size != self.stored:
+            raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
+        if vals.dtype == np.float16:  # scipy.sparse has no float16; float32 holds it exactly
+            vals = vals.astype(np.float32)
+        rows, cols = self.stored_coords()
+        ok = rows >= 0
+        m = sp.csr_matrix((vals[ok], (rows[ok], cols[ok])), shape=self.shape)
+        m.sort_indices()
+        return m
+
+    def kernel_arrays(self) -> Tuple[np.ndarray, ...]:
+        """Index arrays then values, in the order a compiled kernel takes them."""
+        return tuple(self.arrays[n] for n in self.format.index_array_names()) + (self.data,)
+
+    def with_data(self, data: np.ndarray) -> "FormatInstance":
+        """The same structure holding other values (same length and layout)."""
+        data = np.ascontiguousarray(np.asarray(data).reshape(-1))
+        if data.size != self.stored:
+            raise ValueError(f"data should have {self.stored} entries, got {data.size}")
+        return FormatInstance(self.format, self.shape, self.arrays, data, self.nnz, self.conversion_s, self._coords)
+
+    def astype(self, dtype) -> "FormatInstance":
+        dtype = np.dtype(dtype)
+        if dtype.name not in SUPPORTED_VALUE_DTYPES:
+            raise TypeError(f"value dtype should be one of {SUPPORTED_VALUE_DTYPES}, got {dtype.name}")
+        return self.with_data(self.data.astype(dtype))

@@ -1,0 +1,1 @@
+"""sparsec: a sparse tensor compiler for deep learning on Apache TVM."""

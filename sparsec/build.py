@@ -1,0 +1,72 @@
+"""compile(): operator x format x target -> Kernel.
+
+lower (sparsec.lower) -> schedule (sparsec.schedules, the target's default template
+with any knobs given) -> tvm.compile. CUDA kernels compile on a machine without a
+GPU: TVM keeps their CUDA source in the module (``Kernel.source()``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Union
+
+import tvm
+from tvm import s_tir
+
+from . import ops as library
+from .dsl import Operator
+from .formats import Format, FormatInstance, make_format
+from .kernel import Kernel, ParamSpec, check_dtype
+from .lower import lower_program
+from .schedules import default_cpu, default_cuda
+from .targets import parse_target
+
+
+def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance], *, target: str = "llvm",
+            dtype: Optional[str] = None, knobs: Optional[Dict[str, Any]] = None, dump_ir: Optional[str] = None,
+            **params: int) -> Kernel:
+    """Compile ``op`` (a library name or a DSL Operator) for ``fmt`` (a spec such as
+    ``"bsr:4x4"``, a Format, or a converted matrix whose format and dtype are used).
+    Compile-time extents such as ``feat=64`` go in ``params``."""
+    t0 = time.perf_counter()
+    operator = library.get(op) if isinstance(op, str) else op
+    if not isinstance(operator, Operator):
+        raise TypeError(f"op should be an operator name or a sparsec.dsl.Operator, got {type(op).__name__}")
+    if isinstance(fmt, FormatInstance):
+        dtype = dtype or fmt.dtype.name
+        fmt = fmt.format
+    elif isinstance(fmt, str):
+        fmt = make_format(fmt)
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt should be a format spec, Format or FormatInstance, got {type(fmt).__name__}")
+    dtype = check_dtype(dtype or "float32")
+    spec = parse_target(target)
+    func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir)
+    sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
+    template = default_cpu if spec.kind == "llvm" else default_cuda
+    used = template(sch, program, **(knobs or {}))
+    with spec.tvm_target():
+        ex = tvm.compile(sch.mod, target=spec.tvm_target())
+    return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
+                  compile_s=time.perf_counter() - t0, script=sch.mod.script())
+
+
+def _param_specs(program):
+    out = []
+    row, col = program.bound.op.structure()
+    sparse_names = {b.name for b in program.bound.op.buffers if b.sparse}
+    for b in program.buffers:
+        shape = tuple(_dim(s) for s in b.shape)
+        out.append(ParamSpec(b.name, b.role, b.dtype, shape, b.name in sparse_names))
+    for s in program.scalars:
+        out.append(ParamSpec(s, "scalar", "int32"))
+    return out
+
+
+def _dim(e):
+    from .expr import Const, Var
+
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var) and e.name in ("rows", "cols", "n0"):
+        return e.name
+    return None

@@ -1,0 +1,316 @@
+"""The sparsec DSL: axes, sparse and dense buffers, iterations in coordinate space.
+
+An operator is written once, over coordinates, independent of the storage format:
+
+    op = Operator("spmm", "C[i, k] = sum_j A[i, j] * B[j, k]")
+    I = op.dense_fixed("i")                       # rows of the sparse operand
+    J = op.sparse_variable("j", parent=I)         # its columns (CSR coordinate space)
+    K = op.dense_fixed("k", extent="feat")        # a dense axis, size fixed at compile time
+    A = op.sparse_input("A", (I, J))
+    B = op.dense_input("B", (J, K))               # a sparse axis used densely: coordinate j
+    C = op.dense_output("C", (I, K))
+    with op.iterate([I, J, K], "SRS") as (i, j, k):
+        C[i, k] += A[i, j] * B[j, k]
+
+Axes come in SparseTIR's four kinds. The pair (row axis, sparse axis) that the
+sparse buffers live on is the operator's *sparse structure*; at compile time it is
+bound to a format (``sparsec.formats``), whose own axis chain replaces it (CSR keeps
+it, BSR splits it into block and in-block axes, ELL makes the columns sparse-fixed).
+The declared kinds are the coordinate space and the default format.
+
+Statements: ``X[..] = e`` (assignment), ``X[..] += e`` (sum reduction) and
+``X[..] = maximum(X[..], e)`` (max reduction). Functions: ``exp``, ``maximum``,
+``minimum``, ``sqrt``, ``select``.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from .expr import BinOp, Call, Const, Expr, Select, wrap
+
+__all__ = [
+    "Operator", "Axis", "Buffer", "Access", "Iteration", "Statement",
+    "exp", "maximum", "minimum", "sqrt", "select",
+]
+
+AXIS_KINDS = ("dense_fixed", "dense_variable", "sparse_fixed", "sparse_variable")
+
+
+@dataclass(frozen=True, eq=False)
+class Axis:
+    """A coordinate axis of an operator. ``extent`` is an int, the name of a compile-time
+    parameter (e.g. ``"feat"``), or None for an extent taken from the sparse operand."""
+
+    name: str
+    kind: str
+    parent: Optional["Axis"] = None
+    extent: Union[int, str, None] = None
+    width: Optional[int] = None
+
+    @property
+    def sparse(self) -> bool:
+        return self.kind.startswith("sparse")
+
+    @property
+    def structural(self) -> bool:
+        """True for the axes of the sparse structure (a row axis with children, or a child)."""
+        return self.parent is not None or self.extent is None
+
+    def __repr__(self):
+        return f"{self.kind}({self.name})"
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A named tensor over axes. ``sparse`` buffers hold one value per stored slot of the
+    sparse structure; dense ones are ordinary arrays indexed by coordinates."""
+
+    name: str
+    axes: Tuple[Axis, ...]
+    sparse: bool
+    role: str  # input | output | temp
+
+    def __getitem__(self, idx) -> "Access":
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != len(self.axes):
+            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)}")
+        for got, want in zip(idx, self.axes):
+            if not isinstance(got, IterVar):
+                raise TypeError(f"buffer {self.name} should be indexed by iteration variables, got {got!r}")
+            if self.sparse and got.axis is not want:
+                raise IndexError(f"sparse buffer {self.name} should be indexed by {want.name}, got {got.axis.name}")
+            if not self.sparse and not _compatible(got.axis, want):
+                raise IndexError(f"axis {want.name} of {self.name} cannot be indexed by {got.axis.name}")
+        return Access(self, tuple(i.axis for i in idx))
+
+    def __setitem__(self, idx, value):
+        target = self[idx]
+        op = _current_op()
+        if isinstance(value, _Reduction):
+            if value.target.buffer is not self or value.target.axes != target.axes:
+                raise ValueError("a reduction should write the element it reads")
+            op._add_statement(Statement(target, value.value, value.kind))
+            return
+        value = wrap(value)
+        # X[..] = maximum(X[..], e) is a max reduction
+        if isinstance(value, Call) and value.fn in ("max", "min") and any(
+                isinstance(a, Access) and a.buffer is self and a.axes == target.axes for a in value.args):
+            rest = [a for a in value.args if not (isinstance(a, Access) and a.buffer is self and a.axes == target.axes)]
+            op._add_statement(Statement(target, rest[0], value.fn))
+            return
+        op._add_statement(Statement(target, value, None))
+
+
+def _compatible(used: Axis, declared: Axis) -> bool:
+    """A dense buffer axis may be indexed by its own axis or by a structural axis standing
+    for the same coordinate (``B[j, k]`` with B declared over (J, K))."""
+    return used is declared
+
+
+@dataclass(frozen=True, eq=False)
+class IterVar:
+    axis: Axis
+
+    def __repr__(self):
+        return self.axis.name
+
+
+@dataclass(frozen=True, eq=False)
+class Access(Expr):
+    """A buffer read at the coordinates of the given axes (stage I form)."""
+
+    buffer: Buffer
+    axes: Tuple[Axis, ...]
+
+    def __iadd__(self, other):
+        return _Reduction(self, wrap(other), "sum")
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    target: Access
+    value: Expr
+    kind: str
+
+
+@dataclass(frozen=True, eq=False)
+class Statement:
+    """``target (=|+=|max=) value``; ``reduce`` is None, "sum", "max" or "min"."""
+
+    target: Access
+    value: Expr
+    reduce: Optional[str]
+
+
+@dataclass(eq=False)
+class Iteration:
+    """A loop nest in coordinate space: axes with S(patial)/R(eduction) kinds and one statement."""
+
+    name: str
+    axes: Tuple[Axis, ...]
+    kinds: str
+    statement: Optional[Statement] = None
+
+    def kind_of(self, axis: Axis) -> str:
+        return self.kinds[self.axes.index(axis)]
+
+
+@dataclass(eq=False)
+class Operator:
+    """A sparse operator: axes, buffers and a sequence of iterations."""
+
+    name: str
+    doc: str = ""
+    axes: List[Axis] = field(default_factory=list)
+    buffers: List[Buffer] = field(default_factory=list)
+    iterations: List[Iteration] = field(default_factory=list)
+    _open: Optional[Iteration] = field(default=None, repr=False)
+
+    # ---- axes (SparseTIR's four kinds) ----------------------------------------------
+    def dense_fixed(self, name: str, extent: Union[int, str, None] = None) -> Axis:
+        """A dense axis. ``extent=None`` makes it the row axis of the sparse structure."""
+        return self._axis(Axis(name, "dense_fixed", None, extent))
+
+    def dense_variable(self, name: str, parent: Axis) -> Axis:
+        """A ragged dense axis under ``parent`` (a segment: positions, no column indices)."""
+        return self._axis(Axis(name, "dense_variable", self._parent(parent, name)))
+
+    def sparse_fixed(self, name: str, parent: Axis, width: int) -> Axis:
+        """An ELL-like axis: ``width`` coordinate slots per parent coordinate."""
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"sparse_fixed {name}: width should be a positive int, got {width!r}")
+        return self._axis(Axis(name, "sparse_fixed", self._parent(parent, name), width=width))
+
+    def sparse_variable(self, name: str, parent: Axis) -> Axis:
+        """A CSR-like axis: a variable number of coordinates per parent coordinate."""
+        return self._axis(Axis(name, "sparse_variable", self._parent(parent, name)))
+
+    def _parent(self, parent: Axis, name: str) -> Axis:
+        if parent not in self.axes:
+            raise ValueError(f"axis {name}: parent should be an axis of {self.name}, got {parent!r}")
+        if parent.extent is not None or parent.parent is not None:
+            raise ValueError(f"axis {name}: parent should be the row axis (dense_fixed with no extent), got {parent!r}")
+        if any(a.parent is parent for a in self.axes):
+            raise ValueError(f"axis {name}: {parent.name} already has a child axis; one sparse structure per operator")
+        return parent
+
+    def _axis(self, axis: Axis) -> Axis:
+        if any(a.name == axis.name for a in self.axes):
+            raise ValueError(f"axis name {axis.name!r} is used twice in {self.name}")
+        self.axes.append(axis)
+        return axis
+
+    # ---- buffers -----------------------------------------------------------------------
+    def sparse_input(self, name, axes): return self._buffer(name, axes, True, "input")
+    def sparse_output(self, name, axes): return self._buffer(name, axes, True, "output")
+    def dense_input(self, name, axes): return self._buffer(name, axes, False, "input")
+    def dense_output(self, name, axes): return self._buffer(name, axes, False, "output")
+    def dense_temp(self, name, axes): return self._buffer(name, axes, False, "temp")
+
+    def _buffer(self, name: str, axes: Sequence[Axis], sparse: bool, role: str) -> Buffer:
+        axes = tuple(axes)
+        if not name.isidentifier() or name.startswith("_"):
+            raise ValueError(f"buffer name should be a Python identifier not starting with '_', got {name!r}")
+        if any(b.name == name for b in self.buffers):
+            raise ValueError(f"buffer name {name!r} is used twice in {self.name}")
+        for a in axes:
+            if a not in self.axes:
+                raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}")
+        if sparse:
+            row, col = self.structure()
+            if axes != (row, col):
+                raise ValueError(f"sparse buffer {name} should live on the sparse structure ({row.name}, {col.name})")
+        buf = Buffer(name, axes, sparse, role)
+        self.buffers.append(buf)
+        return buf
+
+    # ---- iterations --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def iterate(self, axes: Sequence[Axis], kinds: str, name: Optional[str] = None):
+        """Open an iteration over ``axes``; ``kinds`` has one S or R per axis."""
+        axes = tuple(axes)
+        if self._open is not None:
+            raise RuntimeError("iterations do not nest; close the previous one first")
+        if len(kinds) != len(axes) or set(kinds) - {"S", "R"}:
+            raise ValueError(f"kinds should be one S or R per axis ({len(axes)} axes), got {kinds!r}")
+        for a in axes:
+            if a.parent is not None and a.parent not in axes:
+                raise ValueError(f"axis {a.name} is iterated without its parent {a.parent.name}")
+        it = Iteration(name or f"{self.name}{len(self.iterations) or ''}", axes, kinds)
+        self._open = it
+        _STACK.append(self)
+        try:
+            yield tuple(IterVar(a) for a in axes)
+        finally:
+            _STACK.pop()
+            self._open = None
+        if it.statement is None:
+            raise ValueError(f"iteration {it.name} has no statement")
+        self.iterations.append(it)
+
+    def _add_statement(self, st: Statement):
+        it = self._open
+        if it is None:
+            raise RuntimeError("statements belong inside `with op.iterate(...)`")
+        if it.statement is not None:
+            raise ValueError(f"iteration {it.name} already has a statement; open another iteration")
+        if st.target.buffer.role == "input":
+            raise ValueError(f"{st.target.buffer.name} is an input and cannot be written")
+        reduce_axes = [a for a, k in zip(it.axes, it.kinds) if k == "R"]
+        if reduce_axes and st.reduce is None:
+            raise ValueError(f"iteration {it.name} reduces over {[a.name for a in reduce_axes]} but the statement is "
+                             "a plain assignment; write X[..] += e or X[..] = maximum(X[..], e)")
+        if st.reduce is not None and not reduce_axes:
+            raise ValueError(f"iteration {it.name} has a reduction statement but no R axis")
+        for a in st.target.axes:
+            if a in reduce_axes:
+                raise ValueError(f"the output {st.target.buffer.name} is indexed by reduction axis {a.name}")
+        it.statement = st
+
+    # ---- queries used by lowering ----------------------------------------------------------
+    def structure(self) -> Tuple[Axis, Axis]:
+        """(row axis, sparse column axis) of the operator's sparse structure."""
+        kids = [a for a in self.axes if a.parent is not None]
+        if len(kids) != 1:
+            raise ValueError(f"operator {self.name} should declare exactly one sparse/variable axis, got {len(kids)}")
+        return kids[0].parent, kids[0]
+
+    def params(self) -> Tuple[str, ...]:
+        """Names of compile-time extents (e.g. "feat") that ``compile`` must be given."""
+        return tuple(dict.fromkeys(a.extent for a in self.axes if isinstance(a.extent, str)))
+
+    def inputs(self): return [b for b in self.buffers if b.role == "input"]
+    def outputs(self): return [b for b in self.buffers if b.role == "output"]
+    def temps(self): return [b for b in self.buffers if b.role == "temp"]
+
+    def __repr__(self):
+        return f"Operator({self.name}: {self.doc})" if self.doc else f"Operator({self.name})"
+
+
+_STACK: List[Operator] = []
+
+
+def _current_op() -> Operator:
+    if not _STACK:
+        raise RuntimeError("buffer writes belong inside `with op.iterate(...)`")
+    return _STACK[-1]
+
+
+# ---- elementwise functions ------------------------------------------------------------------
+def exp(x) -> Expr: return Call("exp", (wrap(x),))
+def sqrt(x) -> Expr: return Call("sqrt", (wrap(x),))
+def maximum(a, b) -> Expr: return Call("max", (wrap(a), wrap(b)))
+def minimum(a, b) -> Expr: return Call("min", (wrap(a), wrap(b)))
+
+
+def select(cond, then, other) -> Expr:
+    return Select(wrap(cond), wrap(then), wrap(other))
+
+
+def less(a, b) -> Expr:
+    return BinOp("<", wrap(a), wrap(b))
+
+
+IDENTITY = {"sum": Const(0.0), "max": Const(float("-inf")), "min": Const(float("inf"))}

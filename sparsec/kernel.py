@@ -1,0 +1,224 @@
+"""A compiled operator: call it on a format instance plus numpy arrays or torch tensors.
+
+Arguments are checked against the kernel's metadata before anything runs (format,
+dtype, shapes, devices), so a mismatch is a Python exception that names it rather
+than a crash inside generated code. torch tensors (CPU or CUDA) and numpy arrays on
+the CPU pass through DLPack without copies; numpy inputs to a CUDA kernel are copied
+to the GPU (once per format instance for its index arrays).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tvm
+
+from .formats import FormatInstance
+from .formats.base import SUPPORTED_VALUE_DTYPES
+from .targets import TargetSpec
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One kernel argument: an index array, a value buffer, or a scalar size."""
+
+    name: str
+    role: str  # index | input | output | temp | scalar
+    dtype: str
+    shape: Tuple[Any, ...] = ()  # ints, "rows", "cols", "n0", or None (taken from the instance)
+    sparse: bool = False
+
+
+@dataclass
+class Kernel:
+    op_name: str
+    format_spec: str
+    target: TargetSpec
+    dtype: str
+    params: List[ParamSpec]
+    knobs: Dict[str, Any]
+    executable: Any
+    compile_s: float = 0.0
+    script: str = ""
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    # ---- introspection ---------------------------------------------------------------------
+    @property
+    def inputs(self) -> List[ParamSpec]:
+        return [p for p in self.params if p.role == "input" and not p.sparse]
+
+    @property
+    def outputs(self) -> List[ParamSpec]:
+        return [p for p in self.params if p.role == "output"]
+
+    def source(self) -> str:
+        """Generated device code: CUDA C++ for cuda targets, LLVM IR for llvm."""
+        mod = self.executable.mod
+        if self.target.kind == "cuda":
+            return mod.imports[0].inspect_source("cuda")
+        return mod.inspect_source("ll")
+
+    def export(self, path: str) -> str:
+        """Write the compiled module as a shared library (``tvm.runtime.load_module`` reads it)."""
+        self.executable.export_library(path)
+        return path
+
+    # ---- calling -----------------------------------------------------------------------------
+    def __call__(self, A: FormatInstance, *dense, out=None, poison: bool = False):
+        """Run on ``A`` and the dense inputs (in the operator's order). Returns the output
+        (a tuple when there are several), in the library of the inputs (torch or numpy).
+        ``poison=True`` fills freshly allocated outputs with NaN first, so that an element
+        the kernel fails to write shows up in a check."""
+        args, outs, like_torch = self.prepare(A, *dense, out=out, poison=poison)
+        self.executable[self.op_name](*args)
+        return self._finish(outs, like_torch)
+
+    def prepare(self, A: FormatInstance, *dense, out=None, poison: bool = False):
+        """Checked argument list for the compiled function, the outputs, and whether the
+        caller passed torch tensors."""
+        self._check_instance(A)
+        inputs = self.inputs
+        if len(dense) != len(inputs):
+            names = ", ".join(p.name for p in inputs)
+            raise TypeError(f"{self.op_name} takes the sparse matrix and {len(inputs)} dense inputs ({names}), "
+                            f"got {len(dense)}")
+        sizes = {"rows": A.shape[0], "cols": A.shape[1], "n0": A.root_extent()}
+        like_torch = any(_is_torch(x) for x in dense)
+        dev = self.target.device()
+        by_name = {p.name: x for p, x in zip(inputs, dense)}
+        outs = self._outputs(A, sizes, out, like_torch, dense, poison)
+        index_arrays = self._instance_arrays(A, dev)
+        args: List[Any] = []
+        sparse_inputs = [p for p in self.params if p.role == "input" and p.sparse]
+        for p in self.params:
+            if p.role == "index":
+                args.append(index_arrays[p.name])
+            elif p.role == "input" and p.sparse:
+                if p is not sparse_inputs[0]:
+                    raise NotImplementedError("kernels with several sparse inputs need explicit values")
+                args.append(index_arrays["__data__"])
+            elif p.role == "input":
+                args.append(self._dense_arg(p, by_name[p.name], sizes, dev))
+            elif p.role in ("output", "temp"):
+                args.append(outs[p.name])
+            elif p.role == "scalar":
+                args.append(int(sizes[p.name]))
+        return args, [outs[p.name] for p in self.outputs], like_torch
+
+    def _check_instance(self, A):
+        if not isinstance(A, FormatInstance):
+            raise TypeError(f"the sparse operand should be a FormatInstance (sparsec.formats.convert), "
+                            f"got {type(A).__name__}")
+        if A.format.spec != self.format_spec:
+            raise ValueError(f"this kernel was compiled for format {self.format_spec}, got a matrix in {A.format.spec}")
+        if A.dtype.name != self.dtype:
+            raise TypeError(f"matrix values should be {self.dtype} for this kernel, got {A.dtype.name} "
+                            f"(convert with dtype={self.dtype!r} or compile for {A.dtype.name})")
+
+    def _expected_shape(self, p: ParamSpec, sizes) -> Tuple[int, ...]:
+        return tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
+
+    def _dense_arg(self, p: ParamSpec, x, sizes, dev):
+        shape = tuple(int(s) for s in getattr(x, "shape", ()))
+        want = self._expected_shape(p, sizes)
+        if shape != want:
+            raise ValueError(f"{self.op_name}: {p.name} should have shape {want} (rows, cols from the sparse "
+                             f"matrix), got {shape}")
+        dtype = _dtype_name(x)
+        if dtype != self.dtype:
+            raise TypeError(f"{self.op_name}: {p.name} should be {self.dtype}, got {dtype}")
+        if _is_torch(x):
+            if _torch_device_kind(x) != self.target.kind:
+                raise ValueError(f"{self.op_name}: {p.name} is on {x.device} but the kernel runs on {self.target.name}")
+            return x.contiguous() if not x.is_contiguous() else x
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{self.op_name}: {p.name} should be a numpy array or torch tensor, got {type(x).__name__}")
+        x = np.ascontiguousarray(x)
+        return x if self.target.kind == "llvm" else tvm.runtime.tensor(x, dev)
+
+    def _outputs(self, A, sizes, out, like_torch, dense, poison):
+        outs = {}
+        given = () if out is None else (out if isinstance(out, (tuple, list)) else (out,))
+        specs = [p for p in self.params if p.role in ("output", "temp")]
+        n_out = len(self.outputs)
+        if given and len(given) != n_out:
+            raise TypeError(f"out should hold {n_out} arrays, got {len(given)}")
+        for i, p in enumerate(specs):
+            shape = (A.stored,) if p.sparse else self._expected_shape(p, sizes)
+            if p.role == "output" and given:
+                x = given[i]
+                if tuple(x.shape) != shape or _dtype_name(x) != self.dtype:
+                    raise ValueError(f"out {p.name} should be {self.dtype} with shape {shape}, "
+                                     f"got {_dtype_name(x)} {tuple(x.shape)}")
+                outs[p.name] = x
+                continue
+            outs[p.name] = _alloc(shape, self.dtype, self.target, like_torch, dense, poison or p.role == "temp")
+        return outs
+
+    def _instance_arrays(self, A: FormatInstance, dev) -> Dict[str, Any]:
+        """The instance's index arrays and values on the kernel's device (cached per instance)."""
+        if self.target.kind == "llvm":
+            d = {n: A.arrays[n] for n in A.format.index_array_names()}
+            d["__data__"] = A.data
+            return d
+        cache = A.__dict__.setdefault("_device_arrays", {})
+        key = (str(dev), id(A.data))
+        if key not in cache:
+            d = {n: tvm.runtime.tensor(A.arrays[n], dev) for n in A.format.index_array_names()}
+            d["__data__"] = tvm.runtime.tensor(A.data, dev)
+            cache.clear()
+            cache[key] = d
+        return cache[key]
+
+    def _finish(self, outs, like_torch):
+        res = []
+        for o in outs:
+            if like_torch or isinstance(o, np.ndarray):
+                res.append(o)
+            else:
+                res.append(o.numpy())
+        return res[0] if len(res) == 1 else tuple(res)
+
+    # ---- timing ------------------------------------------------------------------------------
+    def time(self, A: FormatInstance, *dense, number: int = 10, repeat: int = 5) -> Dict[str, float]:
+        """Median and spread of ``repeat`` timings of ``number`` runs each, after a warm-up, in ms."""
+        args, _, _ = self.prepare(A, *dense)
+        args = [tvm.runtime.from_dlpack(a) if _is_torch(a) else
+                (tvm.runtime.tensor(a, self.target.device()) if isinstance(a, np.ndarray) else a) for a in args]
+        ev = self.executable.mod.time_evaluator(self.op_name, self.target.device(), number=number, repeat=repeat)
+        res = ev(*args)
+        ms = np.array([float(r) for r in res.results]) * 1e3
+        return {"median_ms": float(np.median(ms)), "min_ms": float(ms.min()), "max_ms": float(ms.max())}
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _torch_device_kind(x) -> str:
+    return "cuda" if x.device.type == "cuda" else "llvm"
+
+
+def _dtype_name(x) -> str:
+    if _is_torch(x):
+        return str(x.dtype).replace("torch.", "")
+    return np.dtype(getattr(x, "dtype", type(x))).name
+
+
+def _alloc(shape, dtype, target: TargetSpec, like_torch: bool, dense: Sequence, poison: bool):
+    fill = np.nan if poison else 0
+    if like_torch:
+        import torch
+
+        dev = next(x.device for x in dense if _is_torch(x))
+        return torch.full(shape, fill, dtype=getattr(torch, dtype), device=dev)
+    host = np.full(shape, fill, dtype=dtype)
+    return host if target.kind == "llvm" else tvm.runtime.tensor(host, target.device())
+
+
+def check_dtype(dtype: str) -> str:
+    name = np.dtype(dtype).name if dtype is not None else "float32"
+    if name not in SUPPORTED_VALUE_DTYPES:
+        raise TypeError(f"dtype should be one of {SUPPORTED_VALUE_DTYPES}, got {name}")
+    return name

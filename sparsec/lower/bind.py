@@ -1,0 +1,91 @@
+"""Stage I: bind an operator's sparse structure to a format's axis chain.
+
+Each iteration's (row axis, sparse axis) pair is replaced by the format's axes, in
+the format's order; the operator's dense axes follow in the order given. A format
+axis inherits the S/R kind of the logical axis it contributes a coordinate to
+(dim 0 -> the row axis, dim 1 -> the sparse axis). Nothing here looks at the
+format's name: only its axes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ..dsl import Axis as DslAxis
+from ..dsl import Iteration, Operator, Statement
+from ..formats import Format
+from ..formats.axes import Axis as FmtAxis
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of a bound iteration.
+
+    role: "root" (first format axis), "sparse" (a variable or sparse format axis),
+    "block" (a dense format axis inside the chain, e.g. BSR's in-block rows) or
+    "dense" (an operator axis outside the sparse structure, e.g. the feature axis).
+    """
+
+    name: str
+    kind: str
+    role: str
+    fmt_axis: Optional[FmtAxis] = None
+    extent: Optional[int] = None
+
+
+@dataclass
+class BoundIteration:
+    name: str
+    loops: List[Loop]
+    statement: Statement
+    chain: Tuple[FmtAxis, ...]
+    row_axis: DslAxis
+    col_axis: DslAxis
+
+
+@dataclass
+class BoundOperator:
+    op: Operator
+    format: Format
+    params: Dict[str, int]
+    iterations: List[BoundIteration]
+
+    def extent(self, axis: DslAxis) -> int:
+        """Compile-time extent of an operator dense axis."""
+        if isinstance(axis.extent, int):
+            return axis.extent
+        return self.params[axis.extent]
+
+
+def bind(op: Operator, fmt: Format, params: Dict[str, int]) -> BoundOperator:
+    missing = [p for p in op.params() if p not in params]
+    if missing:
+        raise ValueError(f"operator {op.name} needs compile-time values for {missing} (e.g. feat=64)")
+    for name, v in params.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} should be a positive int, got {v!r}")
+    row, col = op.structure()
+    out = []
+    for it in op.iterations:
+        out.append(_bind_iteration(it, fmt, row, col, params))
+    return BoundOperator(op, fmt, dict(params), out)
+
+
+def _bind_iteration(it: Iteration, fmt: Format, row: DslAxis, col: DslAxis, params) -> BoundIteration:
+    if row not in it.axes or col not in it.axes:
+        raise ValueError(f"iteration {it.name} should iterate over the sparse structure ({row.name}, {col.name})")
+    loops: List[Loop] = []
+    for n, fa in enumerate(fmt.axes):
+        logical = row if fa.dim == 0 else col
+        role = "root" if n == 0 else ("sparse" if (fa.variable or fa.sparse) else "block")
+        extent = getattr(fa, "extent", None) if role == "block" else None
+        loops.append(Loop(fa.name, it.kind_of(logical), role, fa, extent))
+    taken = {l.name for l in loops}
+    for a, k in zip(it.axes, it.kinds):
+        if a is row or a is col:
+            continue
+        if a.name in taken:
+            raise ValueError(f"operator axis {a.name!r} clashes with an axis of format {fmt.name}; rename it")
+        extent = a.extent if isinstance(a.extent, int) else params[a.extent]
+        loops.append(Loop(a.name, k, "dense", None, extent))
+    return BoundIteration(it.name, loops, it.statement, tuple(fmt.axes), row, col)

@@ -1,0 +1,126 @@
+"""Emit TVM TIR: print the flat program as TVMScript and parse it into a PrimFunc.
+
+Each loop nest becomes nested s_tir blocks, one per block level of stage II, with
+explicit read/write regions (auto-inference would list ``indptr`` and the output as
+reads, which makes blocks "incomplete" for ``sch.bind``). A reduction keeps
+TensorIR's ``T.init()`` form; schedules decompose it (``decompose_reduction``) so
+that rows with no stored entries still get their initial value.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Set
+
+import tvm
+
+from ..dsl import IDENTITY
+from ..expr import Const, Expr, Load, Var, render, walk
+from .flatten import FlatProgram
+from .positions import LoopNest
+
+
+class _Printer:
+    def __init__(self):
+        self.lines: List[str] = []
+
+    def __call__(self, depth: int, text: str):
+        self.lines.append("    " * depth + text)
+
+
+def emit_script(prog: FlatProgram) -> str:
+    """TVMScript source of the whole operator (one PrimFunc)."""
+    names = [b.name for b in prog.buffers]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"buffer names clash with the format's index arrays: {sorted(dup)}; rename the buffers")
+    shapes = {b.name: b.shape for b in prog.buffers}
+    p = _Printer()
+    args = [f"{b.name}_h: T.handle" for b in prog.buffers] + [f"{s}: T.int32" for s in prog.scalars]
+    p(0, "@T.prim_func(s_tir=True)")
+    p(0, f"def {prog.name}({', '.join(args)}):")
+    p(1, f'T.func_attr({{"global_symbol": "{prog.name}", "tirx.noalias": True}})')
+    for v in prog.size_vars:
+        p(1, f"{v} = T.int32()")
+    for b in prog.buffers:
+        shape = ", ".join(render(s, "int32") for s in b.shape)
+        p(1, f'{b.name} = T.match_buffer({b.name}_h, ({shape},), "{b.dtype}")')
+    for nest in prog.nests:
+        _emit_nest(p, nest, shapes, prog.dtype)
+    return "\n".join(p.lines) + "\n"
+
+
+def _full(name: str, shapes) -> str:
+    return f"{name}[{', '.join('0:' + render(s, 'int32') for s in shapes[name])}]"
+
+
+def _loads(e: Expr) -> List[Load]:
+    return [n for n in walk(e) if isinstance(n, Load)]
+
+
+def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str):
+    all_reads = []
+    for e in [nest.value] + [i for i in nest.target.index] + ([nest.write_guard] if nest.write_guard is not None else []):
+        all_reads += [l.buffer for l in _loads(e)]
+    for blk in nest.blocks:
+        for b in blk:
+            all_reads += [l.buffer for l in _loads(b.extent)]
+    all_reads = list(dict.fromkeys(all_reads))
+    bound_vars: Set[str] = set()
+    depth = 1
+    for level, blk in enumerate(nest.blocks):
+        inner = level == len(nest.blocks) - 1
+        loop_names = [f"l_{b.loop.name}" for b in blk]
+        extents = [render(b.extent, "int32") for b in blk]
+        if len(blk) == 1:
+            p(depth, f"for {loop_names[0]} in range({extents[0]}):")
+        else:
+            p(depth, f"for {', '.join(loop_names)} in T.grid({', '.join(extents)}):")
+        depth += 1
+        block_name = nest.name if inner else f"{nest.name}_{level}"
+        p(depth, f'with T.sblock("{block_name}"):')
+        depth += 1
+        for b in blk:
+            kind = "spatial" if b.loop.kind == "S" else "reduce"
+            p(depth, f"v_{b.loop.name} = T.axis.{kind}({render(b.extent, 'int32')}, l_{b.loop.name})")
+            bound_vars.add(f"v_{b.loop.name}")
+        if inner:
+            if nest.write_guard is not None:
+                own = {f"v_{b.loop.name}": f"l_{b.loop.name}" for b in blk}  # T.where takes loop vars
+                p(depth, f"T.where({render(nest.write_guard, 'int32', own)})")
+            reads = [l for l in _loads(nest.value)] + [l for i in nest.target.index for l in _loads(i)]
+            read_txt = ", ".join(dict.fromkeys(render(l, dtype) for l in reads))
+            p(depth, f"T.reads({read_txt})")
+            p(depth, f"T.writes({render(nest.target, dtype)})")
+            if nest.reduce is not None:
+                p(depth, "with T.init():")
+                p(depth + 1, f"{render(nest.target, dtype)} = {render(_identity(nest.reduce), dtype)}")
+                update = _combine(nest.reduce, render(nest.target, dtype), render(nest.value, dtype))
+            else:
+                update = render(nest.value, dtype)
+            p(depth, f"{render(nest.target, dtype)} = {update}")
+        else:
+            p(depth, f"T.reads({', '.join(_full(n, shapes) for n in all_reads)})")
+            p(depth, f"T.writes({_region(nest.target, shapes, bound_vars)})")
+
+
+def _identity(kind: str) -> Expr:
+    return IDENTITY[kind]
+
+
+def _combine(kind: str, acc: str, val: str) -> str:
+    if kind == "sum":
+        return f"{acc} + {val}"
+    return f"T.{kind}({acc}, {val})"
+
+
+def _region(target: Load, shapes, bound_vars: Set[str]) -> str:
+    """The part of the output an outer block writes: a point along dimensions whose index
+    depends only on iterators bound so far, the whole extent along the others."""
+    parts = []
+    for dim, idx in zip(shapes[target.buffer], target.index):
+        used = {n.name for n in walk(idx) if isinstance(n, Var)}
+        has_load = any(isinstance(n, Load) for n in walk(idx))
+        if used <= bound_vars and not has_load:
+            parts.append(render(idx, "int32"))
+        else:
+            parts.append(f"0:{render(dim, 'int32')}")
+    return f"{target.buffer}[{', '.join(parts)}]"

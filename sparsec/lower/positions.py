@@ -1,0 +1,163 @@
+"""Stage II: sparse iterations -> loops in position space.
+
+Each loop gets an extent (a format axis's rule from ``formats.axes``), and every
+coordinate in the statement is rewritten in terms of positions:
+
+  * a sparse buffer read at (i, j) becomes a read at the position of the chain's
+    last axis, written as the placeholder ``Var("pos:<axis>")`` that stage III
+    resolves into a flat offset;
+  * a dense buffer read at a structural coordinate becomes
+    ``sum(coord(axis) * axis.scale)`` over the format axes of that dimension, with
+    ``coord`` a loop index (dense axis) or ``indices[pos]`` (sparse axis);
+  * padding (index -1) and coordinates past the matrix edge become guards: on the
+    write when they only involve the output's own axes, else folded into the value
+    as ``select(guard, value, identity)`` so that a reduction skips them.
+
+Loops are grouped into blocks: a variable axis (extent from ``indptr``) opens a
+new, inner block, because its extent reads the outer loops' positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ..dsl import IDENTITY, Access
+from ..expr import BinOp, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform, walk
+from .bind import BoundIteration, BoundOperator, Loop
+
+ROWS, COLS, ROOT = Var("rows"), Var("cols"), Var("n0")
+
+
+def pos(axis_name: str) -> Var:
+    """Placeholder for the flat position of a format axis (resolved in stage III)."""
+    return Var(f"pos:{axis_name}")
+
+
+def iv(loop: Loop) -> Var:
+    """The block iterator of a loop."""
+    return Var(f"v_{loop.name}")
+
+
+@dataclass
+class LoopIR:
+    loop: Loop
+    extent: Expr
+
+
+@dataclass
+class LoopNest:
+    """A bound iteration in position space: blocks of loops and one statement."""
+
+    name: str
+    blocks: List[List[LoopIR]]
+    target: Load
+    value: Expr
+    reduce: Optional[str]
+    write_guard: Optional[Expr]
+    roles: Dict[str, str]
+
+
+@dataclass
+class PositionProgram:
+    bound: BoundOperator
+    nests: List[LoopNest]
+
+
+def lower_positions(bound: BoundOperator) -> PositionProgram:
+    return PositionProgram(bound, [_lower(bound, it) for it in bound.iterations])
+
+
+def _extent(loop: Loop, chain) -> Expr:
+    fa = loop.fmt_axis
+    if loop.role == "root":
+        return ROOT
+    if fa is None or loop.role == "block":
+        return Const(loop.extent)
+    if fa.variable:
+        parent = chain[chain.index(fa) - 1].name
+        return BinOp("-", Load(fa.indptr, (BinOp("+", pos(parent), Const(1)),)), Load(fa.indptr, (pos(parent),)))
+    return Const(fa.width)  # sparse fixed
+
+
+def _coordinate(loop: Loop) -> Expr:
+    fa = loop.fmt_axis
+    if fa.sparse:
+        return Load(fa.indices, (pos(fa.name),))
+    return iv(loop)
+
+
+def _lower(bound: BoundOperator, it: BoundIteration) -> LoopNest:
+    chain = it.chain
+    chain_loops = [l for l in it.loops if l.fmt_axis is not None]
+    # logical coordinate of each dimension, and whether it can run past the matrix edge
+    coord: Dict[int, Expr] = {0: Const(0), 1: Const(0)}
+    parts: Dict[int, int] = {0: 0, 1: 0}
+    for l in chain_loops:
+        d = l.fmt_axis.dim
+        coord[d] = simplify_add(coord[d], simplify_mul(_coordinate(l), Const(l.fmt_axis.scale)))
+        parts[d] += 1
+    overhang = {d: parts[d] > 1 for d in (0, 1)}
+    by_axis = {l.name: l for l in it.loops}
+    st = it.statement
+
+    def rewrite_access(acc: Access) -> Load:
+        buf = acc.buffer
+        if buf.sparse:
+            return Load(buf.name, (pos(chain[-1].name),))
+        idx = []
+        for a in acc.axes:
+            if a is it.row_axis:
+                idx.append(coord[0])
+            elif a is it.col_axis:
+                idx.append(coord[1])
+            else:
+                idx.append(iv(by_axis[a.name]))
+        return Load(buf.name, tuple(idx))
+
+    value = transform(st.value, lambda n: rewrite_access(n) if isinstance(n, Access) else None)
+    target = rewrite_access(st.target)
+
+    # guards: padding slots and coordinates past the edge
+    guards: List[Tuple[Expr, set]] = []
+    for l in chain_loops:
+        if l.fmt_axis.padded:
+            guards.append((BinOp(">=", _coordinate(l), Const(0)), {l.name}))
+    for d, bound_var in ((0, ROWS), (1, COLS)):
+        if overhang[d]:
+            names = {l.name for l in chain_loops if l.fmt_axis.dim == d}
+            guards.append((BinOp("<", coord[d], bound_var), names))
+    out_loops = set()
+    if not st.target.buffer.sparse:
+        for a in st.target.axes:
+            if a is it.row_axis:
+                out_loops |= {l.name for l in chain_loops if l.fmt_axis.dim == 0}
+            elif a is it.col_axis:
+                out_loops |= {l.name for l in chain_loops if l.fmt_axis.dim == 1}
+            else:
+                out_loops.add(a.name)
+    write_guards = [g for g, used in guards if used <= out_loops]
+    value_guards = [g for g, used in guards if not used <= out_loops]
+    if value_guards:
+        fallback = IDENTITY[st.reduce] if st.reduce else Const(0.0)
+        value = Select(_all(value_guards), value, fallback)
+
+    # blocks: a variable axis starts a new, inner block
+    blocks: List[List[LoopIR]] = [[]]
+    for l in it.loops:
+        if l.fmt_axis is not None and l.fmt_axis.variable and blocks[-1]:
+            blocks.append([])
+        blocks[-1].append(LoopIR(l, _extent(l, chain)))
+    roles = {l.name: l.role for l in it.loops}
+    return LoopNest(it.name, blocks, target, value, st.reduce,
+                    _all(write_guards) if write_guards else None, roles)
+
+
+def _all(conds: List[Expr]) -> Expr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = BinOp("and", out, c)
+    return out
+
+
+def free_vars(e: Expr) -> set:
+    return {n.name for n in walk(e) if isinstance(n, Var)}
