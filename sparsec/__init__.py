@@ -1,1 +1,22 @@
-"""sparsec: a sparse tensor compiler for deep learning on Apache TVM."""
+"""sparsec: a sparse tensor compiler for deep learning on Apache TVM.
+
+    import sparsec
+    A = sparsec.formats.convert(scipy_matrix, "bsr:4x4")
+    kernel = sparsec.compile("spmm", A, feat=64, target="llvm")
+    C = kernel(A, B)
+"""
+import os as _os
+
+# A source checkout on PYTHONPATH (as on the GPU host) keeps formats/ and schedules/ beside this
+# package; an installed sparsec has them mapped inside it (pyproject's package-dir).
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and _os.path.isfile(
+        _os.path.join(_root, "formats", "__init__.py")):
+    __path__.append(_root)
+
+from . import dsl, formats, ops  # noqa: E402
+from .build import compile  # noqa: E402
+from .kernel import Kernel  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["compile", "Kernel", "dsl", "formats", "ops", "__version__"]

@@ -219,6 +219,8 @@ class Operator:
             if a not in self.axes:
                 raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}")
         if sparse:
+            if role == "input" and any(b.sparse and b.role == "input" for b in self.buffers):
+                raise ValueError(f"sparse input {name}: an operator takes one sparse input (its values are the matrix)")
             row, col = self.structure()
             if axes != (row, col):
                 raise ValueError(f"sparse buffer {name} should live on the sparse structure ({row.name}, {col.name})")

@@ -90,13 +90,10 @@ class Kernel:
         outs = self._outputs(A, sizes, out, like_torch, dense, poison)
         index_arrays = self._instance_arrays(A, dev)
         args: List[Any] = []
-        sparse_inputs = [p for p in self.params if p.role == "input" and p.sparse]
         for p in self.params:
             if p.role == "index":
                 args.append(index_arrays[p.name])
-            elif p.role == "input" and p.sparse:
-                if p is not sparse_inputs[0]:
-                    raise NotImplementedError("kernels with several sparse inputs need explicit values")
+            elif p.role == "input" and p.sparse:  # the DSL allows one sparse input: the matrix
                 args.append(index_arrays["__data__"])
             elif p.role == "input":
                 args.append(self._dense_arg(p, by_name[p.name], sizes, dev))
