@@ -17,6 +17,7 @@ from .knobs import transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
 
 MAX_THREADS = 1024
+WARP = 32
 
 
 def _feature(nest):
@@ -62,30 +63,31 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     if nest.reduce is not None:
         acc = sch.cache_write(blk, 0, "local")
         sch.reverse_compute_at(acc, k_t)
-        if vec > 1:
+        if vec > 1 and serial == 1:  # with serial features the write-back loop is longer than a vector
             sch.vectorize(sch.get_loops(acc)[-1])
         if has_dynamic_reduction(nest):
             kinds = [b.loop.kind for b in own_ir]
             first_r = next(rv for rv, kind in zip(own, kinds) if kind == "R")
             sch.decompose_reduction(blk, first_r)
-    elif vec > 1:
+    elif vec > 1 and serial == 1:
         sch.vectorize(k_v)
     _bind_root(sch, nest, rows_per_block, "threadIdx.y")
 
 
-@transformation(knobs={"rows_per_block": (4, 1, 2, 8), "lanes": (32, 16, 8)})
-def reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int, lanes: int):
+@transformation(knobs={"rows_per_block": (4, 1, 2, 8)})
+def reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int):
     """SDDMM-like nests. Requires: the statement block's last loop is a reduction dense axis.
 
     Before: for i: for p in row_len: for k in F: O[p] += A[p] * X[i, k] * Y[k, col[p]]
     After:  for bx: for ty (rows_per_block): for p in row_len:
-              for ko: for lane (threadIdx.x, lanes): partial sums -> warp all-reduce -> O[p]
+              for ko: for lane (threadIdx.x, 32): partial sums -> warp all-reduce -> O[p]
     """
-    feat = _feature(nest)
-    lanes = min(lanes, feat.loop.extent)
+    # Always a whole warp: TVM then reduces with warp shuffles. A group narrower than a warp
+    # (e.g. 17 lanes for feat=17) makes TVM reduce through shared memory with __syncthreads
+    # inside the row loop, whose trip count differs between rows of one block: a deadlock.
     blk = inner_block(sch, nest)
     k = sch.get_loops(blk)[-1]
-    _, k_l = sch.split(k, [None, lanes])
+    _, k_l = sch.split(k, [None, WARP])
     sch.bind(k_l, "threadIdx.x")
     _bind_root(sch, nest, rows_per_block, "threadIdx.y")
 

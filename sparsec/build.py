@@ -38,6 +38,10 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance], *
         fmt = make_format(fmt)
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt should be a format spec, Format or FormatInstance, got {type(fmt).__name__}")
+    unset = [a.name for a in fmt.axes if getattr(a, "width", 1) is None]
+    if unset:
+        raise ValueError(f"format {fmt.spec} needs its width to compile (axis {unset[0]}); give 'ell:W' "
+                         "or compile for a converted matrix, whose width is known")
     dtype = check_dtype(dtype or "float32")
     spec = parse_target(target)
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir)

@@ -101,6 +101,7 @@ class Kernel:
                 args.append(outs[p.name])
             elif p.role == "scalar":
                 args.append(int(sizes[p.name]))
+        args = [_compact(a) for a in args]
         return args, [outs[p.name] for p in self.outputs], like_torch
 
     def _check_instance(self, A):
@@ -132,7 +133,7 @@ class Kernel:
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{self.op_name}: {p.name} should be a numpy array or torch tensor, got {type(x).__name__}")
         x = np.ascontiguousarray(x)
-        return x if self.target.kind == "llvm" else tvm.runtime.tensor(x, dev)
+        return x if self.target.kind == "llvm" else tvm.runtime.tensor(_compact(x), dev)
 
     def _outputs(self, A, sizes, out, like_torch, dense, poison):
         outs = {}
@@ -162,8 +163,8 @@ class Kernel:
         cache = A.__dict__.setdefault("_device_arrays", {})
         key = (str(dev), id(A.data))
         if key not in cache:
-            d = {n: tvm.runtime.tensor(A.arrays[n], dev) for n in A.format.index_array_names()}
-            d["__data__"] = tvm.runtime.tensor(A.data, dev)
+            d = {n: tvm.runtime.tensor(_compact(A.arrays[n]), dev) for n in A.format.index_array_names()}
+            d["__data__"] = tvm.runtime.tensor(_compact(A.data), dev)
             cache.clear()
             cache[key] = d
         return cache[key]
@@ -210,8 +211,20 @@ def _alloc(shape, dtype, target: TargetSpec, like_torch: bool, dense: Sequence, 
 
         dev = next(x.device for x in dense if _is_torch(x))
         return torch.full(shape, fill, dtype=getattr(torch, dtype), device=dev)
-    host = np.full(shape, fill, dtype=dtype)
+    host = _compact(np.full(shape, fill, dtype=dtype))
     return host if target.kind == "llvm" else tvm.runtime.tensor(host, target.device())
+
+
+def _compact(a):
+    """numpy gives empty arrays zero strides, which TVM rejects as non-compact; restate them
+    with C strides (no memory is touched: the array has no elements)."""
+    if isinstance(a, np.ndarray) and a.size == 0:
+        strides, step = [], a.itemsize
+        for n in reversed(a.shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return np.lib.stride_tricks.as_strided(a, a.shape, tuple(reversed(strides)))
+    return a
 
 
 def check_dtype(dtype: str) -> str:

@@ -30,8 +30,12 @@ def sddmm() -> Operator:
     X = op.dense_input("X", (I, K))
     Y = op.dense_input("Y", (K, J))
     C = op.sparse_output("C", (I, J))
+    # The dot product first, then the scale: an infinite A[i, j] gives +-inf as scipy does,
+    # where folding A into every term (inf * x - inf * y) would give NaN.
     with op.iterate([I, J, K], "SSR") as (i, j, k):
-        C[i, j] += A[i, j] * X[i, k] * Y[k, j]
+        C[i, j] += X[i, k] * Y[k, j]
+    with op.iterate([I, J], "SS") as (i, j):
+        C[i, j] = A[i, j] * C[i, j]
     return op
 
 

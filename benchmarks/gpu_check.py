@@ -1,0 +1,195 @@
+"""GPU correctness check: every operator x format on CUDA against torch in float64.
+
+Run on the GPU host (DEVELOPERS.md / ../shared/gpu/README.md say how to stage TVM):
+
+    bash .gpu/stage2/install.sh && source .gpu/stage2/env.sh && python3 benchmarks/gpu_check.py
+
+For each matrix (odd shapes with empty rows and one huge row, the embedded power grid,
+uniform and power-law matrices of 100,000 rows) and each format, the kernel runs on
+torch CUDA tensors with poisoned (NaN) outputs, and is compared with torch's result in
+float64 on the GPU: the dense product ``A.to_dense() @ B`` where A fits densely, else
+``torch.sparse.mm`` on the CSR matrix; SDDMM from the dense product ``X @ Y`` gathered
+at the stored entries. Writes every row to $OUT/gpu_check.json and prints a table last.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+if "TVM_CUDA_COMPILE_MODE" not in os.environ:
+    try:
+        import cuda.bindings  # noqa: F401  (TVM's default NVRTC path needs it)
+    except ImportError:
+        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+
+import sparsec  # noqa: E402
+from sparsec import reference  # noqa: E402
+from sparsec.formats import convert  # noqa: E402
+from dsl_ops import TEST_OPS  # noqa: E402
+
+FORMATS = ["csr", "bsr:2x2", "bsr:4x4", "bsr:16x16", "bsr:3x5", "ell"]
+DENSE_LIMIT = 20_000  # rows x cols up to this squared: compare with torch's dense matmul
+TOL = 1e-5
+
+
+def odd_matrix(seed=0):
+    """4097 x 3001 (no tile divides it), 30 % empty rows, one row holding 2,500 entries."""
+    rng = np.random.default_rng(seed)
+    m = sp.random(4097, 3001, density=0.002, format="lil", dtype=np.float32, random_state=seed)
+    for r in rng.choice(4097, 1200, replace=False):
+        m.rows[r], m.data[r] = [], []
+    cols = np.sort(rng.choice(3001, 2500, replace=False))
+    m.rows[17], m.data[17] = list(cols), list(rng.standard_normal(2500).astype(np.float32))
+    return m.tocsr()
+
+
+def uniform_matrix(n, nnz, seed=1):
+    """n x n with about nnz entries at uniformly random positions (duplicates merged)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = rng.integers(0, n, nnz), rng.integers(0, n, nnz)
+    m = sp.csr_matrix((rng.standard_normal(nnz).astype(np.float32), (rows, cols)), shape=(n, n))
+    m.sum_duplicates()
+    return m
+
+
+def powerlaw_matrix(n, mean_len, seed=0, max_len=2000):
+    rng = np.random.default_rng(seed)
+    lens = np.minimum((rng.pareto(1.5, n) + 1) * mean_len / 3, max_len).astype(np.int64)
+    rows = np.repeat(np.arange(n), lens)
+    cols = rng.integers(0, n, rows.size)
+    m = sp.csr_matrix((rng.standard_normal(rows.size).astype(np.float32), (rows, cols)), shape=(n, n))
+    m.sum_duplicates()
+    return m
+
+
+def matrices():
+    pg = sp.load_npz(os.path.join(HERE, "..", "sparsec", "data", "power_grid.npz")).astype(np.float32)
+    pg.data = np.random.default_rng(5).standard_normal(pg.nnz).astype(np.float32)
+    return {
+        "odd_4097x3001": odd_matrix(),
+        "power_grid": pg,
+        "uniform_100k": uniform_matrix(100_000, 500_000),
+        "powerlaw_100k": powerlaw_matrix(100_000, 8),
+    }
+
+
+def torch_csr64(inst, dev):
+    m = inst.to_scipy().astype(np.float64)
+    return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)), torch.from_numpy(m.indices.astype(np.int64)),
+                                   torch.from_numpy(m.data), size=m.shape, device=dev)
+
+
+def torch_spmm_ref(inst, B):
+    A = torch_csr64(inst, B.device)
+    if inst.shape[0] <= DENSE_LIMIT and inst.shape[1] <= DENSE_LIMIT:
+        return A.to_dense() @ B.double(), "dense matmul"
+    return torch.sparse.mm(A, B.double()), "torch.sparse.mm"
+
+
+def torch_sddmm_ref(inst, X, Y):
+    rows, cols = inst.stored_coords()
+    ok = torch.from_numpy(rows >= 0).to(X.device)
+    r = torch.from_numpy(np.maximum(rows, 0)).to(X.device)
+    c = torch.from_numpy(np.maximum(cols, 0)).to(X.device)
+    vals = torch.from_numpy(inst.data.astype(np.float64)).to(X.device)
+    X64, Yt64 = X.double(), Y.double().t().contiguous()
+    out = torch.empty(inst.stored, dtype=torch.float64, device=X.device)
+    step = 1 << 21
+    for s in range(0, inst.stored, step):
+        out[s:s + step] = (X64[r[s:s + step]] * Yt64[c[s:s + step]]).sum(1)
+    return torch.where(ok, out * vals, torch.zeros_like(out)), "gathered X @ Y"
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    if torch.isnan(out).any():
+        return float("inf")
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    diff = (out - ref).abs().max().item() if ref.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def main():
+    dev = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(0)
+    out_dir = os.environ.get("OUT", ".")
+    rng = torch.Generator(device=dev).manual_seed(0)
+    rows, kernels = [], {}
+
+    def kernel(opname, op, inst, feat):
+        key = (opname, inst.format.spec, feat)
+        if key not in kernels:
+            t0 = time.perf_counter()
+            kernels[key] = sparsec.compile(op, inst, target="cuda", **({"feat": feat} if feat else {}))
+            kernels[key].extra["wall_compile_s"] = time.perf_counter() - t0
+        return kernels[key]
+
+    faulthandler.dump_traceback_later(90, repeat=True)  # a hung kernel shows where it hangs
+    for mname, m in matrices().items():
+        for spec in FORMATS:
+            t0 = time.perf_counter()
+            inst = convert(m, spec)
+            conv = time.perf_counter() - t0
+            for feat in (64, 17):
+                B = torch.randn(m.shape[1], feat, device=dev, generator=rng)
+                k = kernel("spmm", "spmm", inst, feat)
+                got = k(inst, B, poison=True)
+                ref, how = torch_spmm_ref(inst, B)
+                rows.append(dict(op="spmm", matrix=mname, format=inst.format.spec, feat=feat, rows=m.shape[0],
+                                 nnz=int(m.nnz), stored=inst.stored, err=rel_err(got, ref), reference=how,
+                                 conversion_s=conv, knobs=k.knobs))
+                X = torch.randn(m.shape[0], feat, device=dev, generator=rng)
+                Y = torch.randn(feat, m.shape[1], device=dev, generator=rng)
+                k = kernel("sddmm", "sddmm", inst, feat)
+                got = k(inst, X, Y, poison=True)
+                ref, how = torch_sddmm_ref(inst, X, Y)
+                rows.append(dict(op="sddmm", matrix=mname, format=inst.format.spec, feat=feat, rows=m.shape[0],
+                                 nnz=int(m.nnz), stored=inst.stored, err=rel_err(got, ref), reference=how,
+                                 knobs=k.knobs))
+            for name, (make, ref_fn) in TEST_OPS.items():
+                k = kernel(name, make(), inst, None)
+                got = k(inst, poison=True)
+                ref = torch.from_numpy(ref_fn(inst)).to(dev)
+                rows.append(dict(op=name, matrix=mname, format=inst.format.spec, feat=0, rows=m.shape[0],
+                                 nnz=int(m.nnz), stored=inst.stored, err=rel_err(torch.as_tensor(got), ref),
+                                 reference="scipy float64", knobs=k.knobs))
+            torch.cuda.synchronize()
+            print(f"{mname:14s} {spec:10s} done ({inst.stored} slots, worst err "
+                  f"{max(r['err'] for r in rows[-6:]):.1e})", flush=True)
+            del inst
+        with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
+            json.dump({"device": gpu, "partial": True, "rows": rows}, f)
+    faulthandler.cancel_dump_traceback_later()
+
+    compile_s = [k.extra["wall_compile_s"] for k in kernels.values()]
+    with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
+        json.dump({"device": gpu, "torch": torch.__version__, "rows": rows,
+                   "compile_s_median": float(np.median(compile_s))}, f, indent=1)
+    bad = [r for r in rows if not r["err"] < TOL]
+    print(f"\nGPU: {gpu}; {len(kernels)} kernels compiled (median {np.median(compile_s):.2f} s each)")
+    print(f"{'op':12s} {'matrix':14s} {'format':10s} {'feat':>4s} {'rows':>7s} {'nnz':>8s} {'max_rel_err':>11s}")
+    worst = {}
+    for r in rows:
+        key = (r["op"], r["matrix"])
+        if key not in worst or r["err"] > worst[key]["err"]:
+            worst[key] = r
+    for r in worst.values():
+        print(f"{r['op']:12s} {r['matrix']:14s} {r['format']:10s} {r['feat']:4d} {r['rows']:7d} {r['nnz']:8d} "
+              f"{r['err']:11.2e}")
+    print(f"\n{len(rows)} checks (worst per op x matrix shown), {len(bad)} above {TOL}")
+    for r in bad:
+        print("  FAIL", r)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

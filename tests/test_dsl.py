@@ -1,0 +1,261 @@
+"""The DSL beyond the library operators (test-only rowsum and row_softmax in every format),
+its error messages, the dumped lowering stages, and the schedulability of emitted TIR."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tvm
+
+import sparsec
+from sparsec import dsl
+from sparsec.formats import convert, make_format
+
+from conftest import case_id, check, make_matrix, seed_of
+from dsl_ops import TEST_OPS
+
+DSL_SPECS = ("csr", "bsr:2x2", "bsr:3x5", "bsr:16x16", "ell")
+DSL_CASES = (("empty_rows", 101, 67), ("powerlaw", 129, 250), ("one_huge_row", 37, 53), ("empty", 37, 53))
+
+_KERNELS: dict = {}
+
+
+def kernel(name: str, A):
+    key = (name, A.format.spec)
+    if key not in _KERNELS:
+        _KERNELS[key] = sparsec.compile(TEST_OPS[name][0](), A, target="llvm")
+    return _KERNELS[key]
+
+
+def _params():
+    out = []
+    for name in TEST_OPS:
+        for spec in DSL_SPECS:
+            for case in DSL_CASES:
+                out.append(pytest.param(name, spec, case, id=f"{name}-{spec}-{case_id(case)}"))
+    return out
+
+
+@pytest.mark.parametrize("name, spec, case", _params())
+def test_test_ops_match_reference(name, spec, case):
+    m = make_matrix(*case, seed=seed_of(name, spec, case))
+    if case[0] == "empty_rows":
+        assert (np.diff(m.indptr) == 0).any()
+    A = convert(m, spec)
+    out = kernel(name, A)(A, poison=True)
+    ref = TEST_OPS[name][1](A)
+    check(out, ref, 1e-5)
+    if name == "rowsum":
+        assert out.shape == (A.shape[0],)
+        assert np.all(out[np.diff(m.indptr) == 0] == 0), "empty rows should sum to 0"
+    else:
+        assert out.shape == (A.stored,)
+        assert np.all(out[~A.valid_slots()] == 0), "padding slots should hold 0"
+
+
+def test_row_softmax_rows_sum_to_one():
+    m = make_matrix("empty_rows", 101, 67, seed=3)
+    A = convert(m, "csr")
+    out = kernel("row_softmax", A)(A, poison=True)
+    sums = np.asarray(A.to_scipy(out).sum(axis=1)).ravel()
+    nonempty = np.diff(m.indptr) > 0
+    np.testing.assert_allclose(sums[nonempty], 1.0, rtol=1e-5)
+    assert np.all(sums[~nonempty] == 0)
+
+
+def test_rowsum_float64():
+    m = make_matrix("powerlaw", 129, 250, seed=4, dtype=np.float64)
+    A = convert(m, "bsr:3x5")
+    k = sparsec.compile(TEST_OPS["rowsum"][0](), A, target="llvm")
+    assert k.dtype == "float64"
+    check(k(A, poison=True), TEST_OPS["rowsum"][1](A), 1e-12)
+
+
+# ---------------------------------------------------------------- DSL errors
+
+
+def _structure(name="t"):
+    op = dsl.Operator(name)
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    return op, I, J
+
+
+def test_wrong_number_of_indices():
+    op, I, J = _structure()
+    A = op.sparse_input("A", (I, J))
+    y = op.dense_output("y", (I,))
+    with pytest.raises(IndexError, match=r"buffer y has 1 axes, indexed with 2"):
+        with op.iterate([I, J], "SR") as (i, j):
+            y[i, j] += A[i, j]
+
+
+def test_sparse_buffer_indexed_by_wrong_axis():
+    op, I, J = _structure()
+    K = op.dense_fixed("k", extent=4)
+    A = op.sparse_input("A", (I, J))
+    C = op.dense_output("C", (I, K))
+    with pytest.raises(IndexError, match=r"sparse buffer A should be indexed by j, got k"):
+        with op.iterate([I, J, K], "SRS") as (i, j, k):
+            C[i, k] += A[i, k]
+
+
+def test_reduction_with_plain_assignment():
+    op, I, J = _structure()
+    A = op.sparse_input("A", (I, J))
+    y = op.dense_output("y", (I,))
+    with pytest.raises(ValueError, match=r"reduces over \['j'\] but the statement is a plain assignment"):
+        with op.iterate([I, J], "SR") as (i, j):
+            y[i] = A[i, j]
+
+
+def test_writing_an_input():
+    op, I, J = _structure()
+    A = op.sparse_input("A", (I, J))
+    op.sparse_output("O", (I, J))
+    with pytest.raises(ValueError, match=r"A is an input and cannot be written"):
+        with op.iterate([I, J], "SS") as (i, j):
+            A[i, j] = A[i, j] * 2.0
+
+
+def test_iteration_without_statement():
+    op, I, J = _structure()
+    op.sparse_input("A", (I, J))
+    with pytest.raises(ValueError, match=r"iteration t has no statement"):
+        with op.iterate([I, J], "SS"):
+            pass
+    assert op.iterations == []
+
+
+def test_two_statements_in_one_iteration():
+    op, I, J = _structure()
+    A = op.sparse_input("A", (I, J))
+    O = op.sparse_output("O", (I, J))
+    with pytest.raises(ValueError, match=r"already has a statement"):
+        with op.iterate([I, J], "SS") as (i, j):
+            O[i, j] = A[i, j]
+            O[i, j] = A[i, j] * 2.0
+
+
+def test_two_sparse_inputs():
+    op, I, J = _structure()
+    op.sparse_input("A", (I, J))
+    with pytest.raises(ValueError, match=r"an operator takes one sparse input"):
+        op.sparse_input("B", (I, J))
+
+
+def test_duplicate_axis_name():
+    op, I, J = _structure()
+    with pytest.raises(ValueError, match=r"axis name 'j' is used twice"):
+        op.dense_fixed("j", extent=8)
+
+
+def test_duplicate_buffer_name():
+    op, I, J = _structure()
+    op.sparse_input("A", (I, J))
+    with pytest.raises(ValueError, match=r"buffer name 'A' is used twice"):
+        op.dense_output("A", (I,))
+
+
+@pytest.mark.parametrize("kinds", ["S", "SRS", "SX", ""], ids=["short", "long", "bad-letter", "empty"])
+def test_kinds_of_wrong_length_or_letters(kinds):
+    op, I, J = _structure()
+    op.sparse_input("A", (I, J))
+    with pytest.raises(ValueError, match=r"kinds should be one S or R per axis \(2 axes\)"):
+        with op.iterate([I, J], kinds):
+            pass
+
+
+def test_child_axis_without_parent():
+    op, I, J = _structure()
+    op.sparse_input("A", (I, J))
+    with pytest.raises(ValueError, match=r"axis j is iterated without its parent i"):
+        with op.iterate([J], "S"):
+            pass
+
+
+def test_reduction_output_indexed_by_reduction_axis():
+    op, I, J = _structure()
+    A = op.sparse_input("A", (I, J))
+    O = op.sparse_output("O", (I, J))
+    with pytest.raises(ValueError, match=r"indexed by reduction axis j"):
+        with op.iterate([I, J], "SR") as (i, j):
+            O[i, j] += A[i, j]
+
+
+def test_statement_outside_iteration():
+    op, I, J = _structure()
+    y = op.dense_output("y", (I,))
+    with pytest.raises(RuntimeError, match=r"inside `with op.iterate"):
+        y[dsl.IterVar(I)] = 1.0
+
+
+def test_expression_has_no_truth_value():
+    op, I, J = _structure()
+    A = op.sparse_input("A", (I, J))
+    O = op.sparse_output("O", (I, J))
+    with pytest.raises(TypeError, match=r"select"):
+        with op.iterate([I, J], "SS") as (i, j):
+            O[i, j] = A[i, j] if A[i, j] else 0.0
+
+
+def test_missing_compile_time_param():
+    with pytest.raises(ValueError, match=r"feat"):
+        sparsec.compile("spmm", "csr", target="llvm")
+
+
+@pytest.mark.parametrize("feat", [0, -3, 2.5], ids=["zero", "negative", "float"])
+def test_bad_compile_time_param(feat):
+    with pytest.raises(ValueError, match=r"feat should be a positive int"):
+        sparsec.compile("spmm", "csr", feat=feat, target="llvm")
+
+
+def test_unknown_library_op():
+    with pytest.raises(ValueError, match=r"operator should be one of \['sddmm', 'spmm'\]"):
+        sparsec.compile("spmv", "csr", feat=8)
+
+
+# ---------------------------------------------------------------- dumped stages, schedulable TIR
+
+
+def test_dump_ir_writes_every_stage(tmp_path):
+    d = tmp_path / "ir"
+    sparsec.compile("spmm", "bsr:3x5", feat=8, target="llvm", dump_ir=str(d))
+    for stage in ("bind", "positions", "flat", "script", "tir"):
+        f = d / f"spmm.{stage}.txt"
+        assert f.is_file(), f"missing {f.name}"
+        assert f.stat().st_size > 0, f"{f.name} is empty"
+    assert "@T.prim_func" in (d / "spmm.script.txt").read_text()
+    # the dumped TVMScript parses back into a PrimFunc
+    assert isinstance(tvm.script.from_source((d / "spmm.script.txt").read_text()), tvm.tirx.PrimFunc)
+
+
+def test_dump_ir_for_dsl_op(tmp_path):
+    sparsec.compile(TEST_OPS["row_softmax"][0](), "csr", target="llvm", dump_ir=str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted(f"row_softmax.{s}.txt"
+                                                  for s in ("bind", "positions", "flat", "script", "tir"))
+
+
+@pytest.mark.parametrize("spec", ["csr", "bsr:2x2", "bsr:3x5", "ell:4"])
+@pytest.mark.parametrize("op", ["spmm", "sddmm"])
+def test_emitted_tir_is_schedulable(op, spec):
+    from sparsec import ops
+
+    f = sparsec.lower.lower(ops.get(op), make_format(spec), {"feat": 8})
+    assert isinstance(f, tvm.tirx.PrimFunc)
+    sch = tvm.s_tir.Schedule(f, enable_check=False)
+    blk = sch.get_sblock(op)
+    loops = sch.get_loops(blk)
+    assert len(loops) >= 2
+    # a basic transformation applies to the statement's innermost (feature) loop
+    sch.split(loops[-1], [None, 4])
+
+
+def test_test_op_tir_is_schedulable():
+    op = TEST_OPS["row_softmax"][0]()
+    f = sparsec.lower.lower(op, make_format("csr"), {})
+    sch = tvm.s_tir.Schedule(f, enable_check=False)
+    # three iterations -> three statement blocks, named after the operator
+    for name in ("row_softmax", "row_softmax1", "row_softmax2"):
+        sch.get_sblock(name)
