@@ -110,12 +110,23 @@ def torch_sddmm_ref(inst, X, Y):
 
 
 def rel_err(out, ref):
+    """||out - ref|| / ||ref|| (the pass criterion) and max|out - ref| / max|ref| (stricter:
+    one element's rounding decides it); NaN anywhere (an unwritten, poisoned slot) is infinite."""
     out, ref = out.double(), ref.double()
     if torch.isnan(out).any():
-        return float("inf")
-    scale = ref.abs().max().item() if ref.numel() else 0.0
-    diff = (out - ref).abs().max().item() if ref.numel() else 0.0
-    return diff / scale if scale > 0 else diff
+        return float("inf"), float("inf")
+    if not ref.numel():
+        return 0.0, 0.0
+    d = out - ref
+    norm = (d.norm() / ref.norm()).item() if ref.norm() > 0 else d.norm().item()
+    scale = ref.abs().max().item()
+    worst = d.abs().max().item() / scale if scale > 0 else d.abs().max().item()
+    return norm, worst
+
+
+def errs(out, ref):
+    norm, worst = rel_err(out, ref)
+    return {"err": norm, "max_elem_err": worst}
 
 
 def main():
@@ -145,7 +156,7 @@ def main():
                 got = k(inst, B, poison=True)
                 ref, how = torch_spmm_ref(inst, B)
                 rows.append(dict(op="spmm", matrix=mname, format=inst.format.spec, feat=feat, rows=m.shape[0],
-                                 nnz=int(m.nnz), stored=inst.stored, err=rel_err(got, ref), reference=how,
+                                 nnz=int(m.nnz), stored=inst.stored, **errs(got, ref), reference=how,
                                  conversion_s=conv, knobs=k.knobs))
                 X = torch.randn(m.shape[0], feat, device=dev, generator=rng)
                 Y = torch.randn(feat, m.shape[1], device=dev, generator=rng)
@@ -153,14 +164,14 @@ def main():
                 got = k(inst, X, Y, poison=True)
                 ref, how = torch_sddmm_ref(inst, X, Y)
                 rows.append(dict(op="sddmm", matrix=mname, format=inst.format.spec, feat=feat, rows=m.shape[0],
-                                 nnz=int(m.nnz), stored=inst.stored, err=rel_err(got, ref), reference=how,
+                                 nnz=int(m.nnz), stored=inst.stored, **errs(got, ref), reference=how,
                                  knobs=k.knobs))
             for name, (make, ref_fn) in TEST_OPS.items():
                 k = kernel(name, make(), inst, None)
                 got = k(inst, poison=True)
                 ref = torch.from_numpy(ref_fn(inst)).to(dev)
                 rows.append(dict(op=name, matrix=mname, format=inst.format.spec, feat=0, rows=m.shape[0],
-                                 nnz=int(m.nnz), stored=inst.stored, err=rel_err(torch.as_tensor(got), ref),
+                                 nnz=int(m.nnz), stored=inst.stored, **errs(torch.as_tensor(got).to(dev), ref),
                                  reference="scipy float64", knobs=k.knobs))
             torch.cuda.synchronize()
             print(f"{mname:14s} {spec:10s} done ({inst.stored} slots, worst err "
@@ -176,7 +187,8 @@ def main():
                    "compile_s_median": float(np.median(compile_s))}, f, indent=1)
     bad = [r for r in rows if not r["err"] < TOL]
     print(f"\nGPU: {gpu}; {len(kernels)} kernels compiled (median {np.median(compile_s):.2f} s each)")
-    print(f"{'op':12s} {'matrix':14s} {'format':10s} {'feat':>4s} {'rows':>7s} {'nnz':>8s} {'max_rel_err':>11s}")
+    print("rel_err = ||out - ref|| / ||ref||;  max_elem = max|out - ref| / max|ref|; worst format per op x matrix")
+    print(f"{'op':12s} {'matrix':14s} {'format':10s} {'feat':>4s} {'rows':>7s} {'nnz':>8s} {'rel_err':>9s} {'max_elem':>9s}")
     worst = {}
     for r in rows:
         key = (r["op"], r["matrix"])
@@ -184,7 +196,7 @@ def main():
             worst[key] = r
     for r in worst.values():
         print(f"{r['op']:12s} {r['matrix']:14s} {r['format']:10s} {r['feat']:4d} {r['rows']:7d} {r['nnz']:8d} "
-              f"{r['err']:11.2e}")
+              f"{r['err']:9.2e} {r['max_elem_err']:9.2e}")
     print(f"\n{len(rows)} checks (worst per op x matrix shown), {len(bad)} above {TOL}")
     for r in bad:
         print("  FAIL", r)

@@ -92,14 +92,14 @@ def reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int):
     _bind_root(sch, nest, rows_per_block, "threadIdx.y")
 
 
-@transformation(knobs={"rows_per_block": (64, 32, 128, 256)})
-def rows_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int):
+@transformation(knobs={"threads_per_block": (64, 32, 128, 256)})
+def rows_over_threads(sch: s_tir.Schedule, nest, *, threads_per_block: int):
     """Row-wise nests with no feature loop: one thread per (block) row."""
     if has_dynamic_reduction(nest):
         from .loops import first_reduce_loop
 
         sch.decompose_reduction(inner_block(sch, nest), first_reduce_loop(sch, nest))
-    _bind_root(sch, nest, rows_per_block, "threadIdx.x")
+    _bind_root(sch, nest, threads_per_block, "threadIdx.x")
 
 
 def template_for(nest):

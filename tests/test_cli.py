@@ -131,7 +131,7 @@ def test_errors(capsys, tmp_path):
     fails(capsys, ["run", "spmm", *base, "--dtype", "int32"], "int32")
     fails(capsys, ["run", "spmm", *base, "--target", "rocm"], "target should be")
     fails(capsys, ["build", "spmm", *base], "-o FILE or --emit-source")
-    assert cli.main(["run", "spmm", "--format", "csr"]) == 2  # argparse: --feat missing
+    assert cli.main(["run", "spmm", "--format", "csr", "--feat", "0"]) == 2  # argparse: --feat must be positive
     assert cli.main(["frobnicate"]) == 2
     assert "usage" in capsys.readouterr().err
     for argv in (["--debug", "run", "spmv", *base], ["run", "spmv", *base, "--debug"]):

@@ -13,8 +13,9 @@ coordinate in the statement is rewritten in terms of positions:
     write when they only involve the output's own axes, else folded into the value
     as ``select(guard, value, identity)`` so that a reduction skips them.
 
-Loops are grouped into blocks: a variable axis (extent from ``indptr``) opens a
-new, inner block, because its extent reads the outer loops' positions.
+Loops are grouped into blocks: the row loop is a block of its own, and a variable
+axis (extent from ``indptr``) opens a new, inner block, because its extent reads the
+outer loops' positions.
 """
 from __future__ import annotations
 
@@ -141,10 +142,12 @@ def _lower(bound: BoundOperator, it: BoundIteration) -> LoopNest:
         fallback = IDENTITY[st.reduce] if st.reduce else Const(0.0)
         value = Select(_all(value_guards), value, fallback)
 
-    # blocks: a variable axis starts a new, inner block
+    # blocks: the row loop has a block of its own (schedules bind it to thread blocks and TVM's
+    # cross-thread reductions want the reduction in an inner block); a variable axis starts a
+    # new, inner block, because its extent reads the outer loops' positions
     blocks: List[List[LoopIR]] = [[]]
     for l in it.loops:
-        if l.fmt_axis is not None and l.fmt_axis.variable and blocks[-1]:
+        if blocks[-1] and (l.fmt_axis is not None and l.fmt_axis.variable or blocks[-1][-1].loop.role == "root"):
             blocks.append([])
         blocks[-1].append(LoopIR(l, _extent(l, chain)))
     roles = {l.name: l.role for l in it.loops}
