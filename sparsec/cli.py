@@ -53,7 +53,8 @@ def _random_matrix(text):
     except ValueError:
         raise ValueError(f"--random should be ROWS,COLS,DENSITY[,SEED] with positive sizes and a density "
                          f"in [0, 1] (e.g. 3000,2000,0.01), got {text!r}") from None
-    m = sp.random(rows, cols, density, format="csr", dtype=np.float32, random_state=seed)
+    # a Generator samples positions directly; an int seed makes scipy permute all rows*cols slots
+    m = sp.random(rows, cols, density, format="csr", dtype=np.float32, random_state=np.random.default_rng(seed))
     return m, seed
 
 
