@@ -126,6 +126,28 @@ class FormatInstance:
         m.sort_indices()
         return m
 
+    def to_dense(self, values: np.ndarray | None = None) -> np.ndarray:
+        """The matrix as a dense numpy array (in the instance's dtype)."""
+        dtype = self.dtype if values is None else np.asarray(values).dtype
+        return self.to_scipy(values).toarray().astype(dtype, copy=False)
+
+    def to_torch(self, layout: str = "csr", values: np.ndarray | None = None):
+        """The matrix as a torch tensor: ``layout`` is "csr", "coo" or "dense" (torch is optional)."""
+        import torch
+
+        m = self.to_scipy(values)
+        if layout == "dense":
+            return torch.from_numpy(self.to_dense(values))
+        if layout == "csr":
+            return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                           torch.from_numpy(m.indices.astype(np.int64)),
+                                           torch.from_numpy(m.data), size=m.shape)
+        if layout == "coo":
+            c = m.tocoo()
+            idx = torch.from_numpy(np.vstack([c.row, c.col]).astype(np.int64))
+            return torch.sparse_coo_tensor(idx, torch.from_numpy(c.data), size=m.shape).coalesce()
+        raise ValueError(f"layout should be 'csr', 'coo' or 'dense', got {layout!r}")
+
     def kernel_arrays(self) -> Tuple[np.ndarray, ...]:
         """Index arrays then values, in the order a compiled kernel takes them."""
         return tuple(self.arrays[n] for n in self.format.index_array_names()) + (self.data,)

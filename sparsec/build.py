@@ -21,16 +21,19 @@ from .schedules import default_cpu, default_cuda
 from .targets import parse_target
 
 
-def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance], *, target: str = "llvm",
+def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, None] = None, *, target: str = "llvm",
             dtype: Optional[str] = None, knobs: Optional[Dict[str, Any]] = None, dump_ir: Optional[str] = None,
             **params: int) -> Kernel:
     """Compile ``op`` (a library name or a DSL Operator) for ``fmt`` (a spec such as
     ``"bsr:4x4"``, a Format, or a converted matrix whose format and dtype are used).
-    Compile-time extents such as ``feat=64`` go in ``params``."""
+    Compile-time extents such as ``feat=64`` go in ``params``. Without ``fmt`` the format is
+    the one the operator's declared axis kinds describe (``Operator.default_format``)."""
     t0 = time.perf_counter()
     operator = library.get(op) if isinstance(op, str) else op
     if not isinstance(operator, Operator):
         raise TypeError(f"op should be an operator name or a sparsec.dsl.Operator, got {type(op).__name__}")
+    if fmt is None:
+        fmt = operator.default_format()
     if isinstance(fmt, FormatInstance):
         dtype = dtype or fmt.dtype.name
         fmt = fmt.format

@@ -279,6 +279,18 @@ class Operator:
             raise ValueError(f"operator {self.name} should declare exactly one sparse/variable axis, got {len(kids)}")
         return kids[0].parent, kids[0]
 
+    def default_format(self) -> str:
+        """The format spec the declared axis kinds describe: a sparse_variable column axis is
+        CSR, a sparse_fixed one ELL of its width. A dense_variable (ragged) axis has no stored
+        column indices, so such an operator must be bound to a format explicitly."""
+        _, col = self.structure()
+        if col.kind == "sparse_variable":
+            return "csr"
+        if col.kind == "sparse_fixed":
+            return f"ell:{col.width}"
+        raise ValueError(f"operator {self.name} declares {col.name} as {col.kind}, which has no default "
+                         "matrix format; pass a format (e.g. 'csr', 'bsr:4x4') to compile")
+
     def params(self) -> Tuple[str, ...]:
         """Names of compile-time extents (e.g. "feat") that ``compile`` must be given."""
         return tuple(dict.fromkeys(a.extent for a in self.axes if isinstance(a.extent, str)))

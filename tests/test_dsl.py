@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 import tvm
 
@@ -259,3 +260,47 @@ def test_test_op_tir_is_schedulable():
     # three iterations -> three statement blocks, named after the operator
     for name in ("row_softmax", "row_softmax1", "row_softmax2"):
         sch.get_sblock(name)
+
+
+def _rowsum_over(kind: str, **kw) -> dsl.Operator:
+    op = dsl.Operator(f"rowsum_{kind}")
+    I = op.dense_fixed("i")
+    J = getattr(op, kind)("j", parent=I, **kw)
+    A = op.sparse_input("A", (I, J))
+    y = op.dense_output("y", (I,))
+    with op.iterate([I, J], "SR") as (i, j):
+        y[i] += A[i, j]
+    return op
+
+
+@pytest.mark.parametrize("kind, kw, default", [("sparse_variable", {}, "csr"), ("sparse_fixed", {"width": 6}, "ell:6"),
+                                              ("dense_variable", {}, None)])
+@pytest.mark.parametrize("spec", ["csr", "bsr:3x5", "ell"])
+def test_every_axis_kind_binds_to_every_format(kind, kw, default, spec):
+    """The declared kinds are the coordinate space (and the default format); binding to a
+    format replaces them, so an operator written over any kind runs on every format."""
+    op = _rowsum_over(kind, **kw)
+    if default is None:
+        with pytest.raises(ValueError, match="has no default matrix format"):
+            op.default_format()
+    else:
+        assert op.default_format() == default
+    m = make_matrix("powerlaw", 37, 53, seed=seed_of(f"{kind}-{spec}"))
+    A = convert(m, spec)
+    y = sparsec.compile(op, A)(A, poison=True)
+    check(y, np.asarray(m.astype(np.float64).sum(axis=1)).ravel(), 1e-5)
+
+
+def test_default_format_from_declared_kinds():
+    rng = np.random.default_rng(7)
+    lens = rng.integers(0, 7, 37)  # at most 6 entries a row: fits ELL of width 6
+    rows = np.repeat(np.arange(37), lens)
+    cols = np.concatenate([rng.choice(53, n, replace=False) for n in lens])
+    m = sp.csr_matrix((rng.standard_normal(rows.size).astype(np.float32), (rows, cols)), shape=(37, 53))
+    op = _rowsum_over("sparse_fixed", width=6)
+    k = sparsec.compile(op)  # no format given: ELL of the declared width
+    assert k.format_spec == "ell:6"
+    A = convert(m, "ell:6")
+    check(k(A, poison=True), np.asarray(m.astype(np.float64).sum(axis=1)).ravel(), 1e-5)
+    with pytest.raises(ValueError, match="compiled for format ell:6"):
+        k(convert(m, "ell:7"))

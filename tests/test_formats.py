@@ -351,3 +351,21 @@ def test_property_shuffled_coo_matches(a, seed):
     np.testing.assert_array_equal(got.indptr, want.indptr)
     np.testing.assert_array_equal(got.indices, want.indices)
     np.testing.assert_array_equal(got.data, want.data)
+
+
+@pytest.mark.parametrize("spec", ["csr", "bsr:3x5", "ell"])
+def test_back_to_numpy_and_torch(spec):
+    """Conversions go both ways: a converted matrix comes back as numpy dense and as torch
+    dense, CSR and COO tensors with the same entries."""
+    torch = pytest.importorskip("torch")
+    m = sp.random(37, 53, density=0.1, format="csr", dtype=np.float32, random_state=3)
+    inst = convert(m, spec)
+    dense = m.toarray()
+    np.testing.assert_array_equal(inst.to_dense(), dense)
+    assert inst.to_dense().dtype == np.float32
+    for layout in ("dense", "csr", "coo"):
+        t = inst.to_torch(layout)
+        got = t if layout == "dense" else t.to_dense()
+        np.testing.assert_array_equal(got.numpy(), dense)
+    with pytest.raises(ValueError, match="layout should be"):
+        inst.to_torch("bsr")
