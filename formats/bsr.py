@@ -57,7 +57,7 @@ def declare(block) -> Format:
 def from_matrix(matrix, *, shape=None, dtype=None, block=None) -> FormatInstance:
     t0 = time.perf_counter()
     if block is None:
-        raise ValueError("block should be given for bsr (e.g. block=(4, 4) or spec 'bsr:4x4'), got None")
+        raise ValueError("block should be given for bsr (spec 'bsr:4x4', CLI --block 4x4, or block=(4, 4)), got None")
     r, c = _block(block)
     m = canonical_csr(matrix, shape=shape, dtype=dtype)
     M, N = m.shape

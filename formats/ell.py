@@ -58,7 +58,7 @@ def from_matrix(matrix, *, shape=None, dtype=None, width=None) -> FormatInstance
     elif longest > w:
         r = int(np.argmax(lengths > w))
         raise ValueError(f"row {r} has {int(lengths[r])} non-zeros, more than the ELL width {w}; "
-                         f"use a larger width or hyb")
+                         f"use a larger width (or none: the longest row sets it)")
     rowid = V.major_ids(m.indptr)
     slot = rowid * w + (np.arange(m.nnz, dtype=np.int64) - m.indptr[rowid])
     indices = np.full(rows * w, -1, dtype=np.int32)

@@ -236,7 +236,7 @@ def test_nan_and_inf_kept():
 def test_ell_row_too_long():
     d = np.zeros((20, 50), F32)
     d[17, :40] = 1
-    with pytest.raises(ValueError, match=r"row 17 has 40 non-zeros, more than the ELL width 8; use a larger width or hyb"):
+    with pytest.raises(ValueError, match=r"row 17 has 40 non-zeros, more than the ELL width 8; use a larger width"):
         ell.from_matrix(d, width=8)
 
 
