@@ -20,6 +20,16 @@ from .axes import Axis
 
 SUPPORTED_VALUE_DTYPES = ("float32", "float64", "float16")
 
+# family name -> the module that knows its layout (root_extent, stored_coords); filled in by
+# formats.registry, so that this module depends on no format module
+FAMILIES: Dict[str, Any] = {}
+
+
+def _family(fmt: "Format"):
+    if fmt.name not in FAMILIES:
+        raise ValueError(f"format family should be one of {sorted(FAMILIES)}, got {fmt.name!r}")
+    return FAMILIES[fmt.name]
+
 
 @dataclass(frozen=True)
 class Format:
@@ -95,17 +105,13 @@ class FormatInstance:
 
     def root_extent(self) -> int:
         """Length of the first (row) axis: rows, or block rows."""
-        from . import registry
-
-        return registry.module_for(self.format).root_extent(self)
+        return _family(self.format).root_extent(self)
 
     def stored_coords(self) -> Tuple[np.ndarray, np.ndarray]:
         """(row, col) of every stored slot, aligned with ``data``; -1 marks a slot that is
         not part of the matrix (padding, or past the edge of the logical shape)."""
         if self._coords is None:
-            from . import registry
-
-            self._coords = registry.module_for(self.format).stored_coords(self)
+            self._coords = _family(self.format).stored_coords(self)
         return self._coords
 
     def valid_slots(self) -> np.ndarray:

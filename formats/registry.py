@@ -10,9 +10,10 @@ from types import ModuleType
 from typing import List, Tuple
 
 from . import bsr, csr, ell
-from .base import Format
+from .base import FAMILIES, Format
 
 _FAMILIES = {m.NAME: m for m in (csr, bsr, ell)}
+FAMILIES.update(_FAMILIES)
 
 
 def families() -> List[Tuple[str, str]]:
