@@ -6,6 +6,8 @@ plain flags, and lowering asks about those flags — never about a format's name
     variable   the axis's extent depends on its parent's position (it owns an ``indptr``)
     sparse     the axis's coordinate is read from an ``indices`` array (not its loop index)
     padded     some stored slots are padding, marked by a sentinel index of -1
+    unique     no coordinate repeats among the axis's positions (a root that lists row ids
+               may repeat a row, e.g. hyb's split rows; kernels then combine partial sums)
 
 Positions compose the way SparseTIR's ``ComputeOffset`` does, so every value and
 index array can be stored flat:
@@ -35,6 +37,7 @@ class Axis:
     variable: ClassVar[bool] = False
     sparse: ClassVar[bool] = False
     padded: ClassVar[bool] = False
+    unique: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.dim not in (0, 1):
@@ -50,7 +53,8 @@ class Axis:
 @dataclass(frozen=True)
 class DenseFixed(Axis):
     """A dense axis of fixed extent. ``extent=None`` means it is only known at run time
-    (the root axis of a matrix, whose length is the number of (block) rows)."""
+    (the root axis of a matrix, whose length is the number of (block) rows, or N:M's
+    number of windows per row); kernels take it as a scalar ``n_<name>``."""
 
     extent: Optional[int] = None
 
@@ -65,12 +69,16 @@ class DenseVariable(Axis):
 
 @dataclass(frozen=True)
 class SparseFixed(Axis):
-    """ELL-like: ``width`` slots per parent, coordinates in ``indices``; unused slots hold -1."""
+    """ELL-like: ``width`` slots per parent, coordinates in ``indices``; unused slots hold -1
+    when ``padded``. As the first axis (no parent) with ``width=None`` it lists coordinates
+    of a run-time length: hyb's buckets list their rows this way (``unique=False`` when a
+    long row is split over several slots)."""
 
-    width: int = 1
+    width: Optional[int] = 1
     indices: str = "indices"
+    padded: bool = True
+    unique: bool = True
     sparse: ClassVar[bool] = True
-    padded: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,28 @@ class Format:
     name: str
     axes: Tuple[Axis, ...]
     params: Tuple[Tuple[str, Any], ...] = ()
+    # How values are laid out beyond the axis chain's flat order:
+    #   value_chunk k > 0: positions of the last variable axis come in chunks of k, and within
+    #     a chunk values are stored [inner dense axes][k] (SR-BCRS: Magicube's V x stride tiles)
+    #     instead of [k][inner dense axes];
+    #   value_bits 4: int4, two values per int8 byte, the even slot in the low nibble.
+    value_chunk: int = 0
+    value_bits: int = 0
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
         if len(set(names)) != len(names):
             raise ValueError(f"format {self.name!r}: axis names should be unique, got {names}")
-        if not self.axes or self.axes[0].variable or self.axes[0].sparse:
-            raise ValueError(f"format {self.name!r}: the first axis should be DenseFixed (the rows)")
+        if not self.axes or self.axes[0].variable:
+            raise ValueError(f"format {self.name!r}: the first axis should be DenseFixed or SparseFixed (the rows)")
+
+    def runtime_extent_axes(self) -> Tuple[str, ...]:
+        """Axes whose extent is known only at run time (kernels take ``n_<axis>`` scalars)."""
+        out = []
+        for i, a in enumerate(self.axes):
+            if (getattr(a, "extent", 1) is None and not a.sparse) or (i == 0 and a.sparse and a.width is None):
+                out.append(a.name)
+        return tuple(out)
 
     @property
     def spec(self) -> str:
@@ -97,15 +112,30 @@ class FormatInstance:
 
     @property
     def dtype(self) -> np.dtype:
+        """The array dtype of ``data`` (int8 bytes for packed int4: see ``value_dtype``)."""
         return self.data.dtype
 
     @property
+    def value_dtype(self) -> str:
+        """The dtype of one value: ``int4`` for packed formats, else ``data``'s dtype."""
+        return "int4" if self.format.value_bits == 4 else self.data.dtype.name
+
+    @property
     def stored(self) -> int:
-        return int(self.data.size)
+        """Number of value slots (two per byte for packed int4)."""
+        n = int(self.data.size)
+        return 2 * n if self.format.value_bits == 4 else n
 
     def root_extent(self) -> int:
         """Length of the first (row) axis: rows, or block rows."""
         return _family(self.format).root_extent(self)
+
+    def extents(self) -> Dict[str, int]:
+        """Run-time extent of each axis in ``format.runtime_extent_axes()``."""
+        fam = _family(self.format)
+        if hasattr(fam, "extents"):
+            return fam.extents(self)
+        return {self.format.axes[0].name: self.root_extent()}
 
     def stored_coords(self) -> Tuple[np.ndarray, np.ndarray]:
         """(row, col) of every stored slot, aligned with ``data``; -1 marks a slot that is
