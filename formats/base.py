@@ -67,7 +67,11 @@ class Format:
 
     @property
     def spec(self) -> str:
-        """Short text form used by the CLI and in records, e.g. ``bsr:4x5`` or ``ell:8``."""
+        """Short text form used by the CLI and in records, e.g. ``bsr:4x5`` or ``ell:8``
+        (a family may word its own with a ``spec_text(fmt)`` function)."""
+        fam = FAMILIES.get(self.name)
+        if fam is not None and hasattr(fam, "spec_text"):
+            return fam.spec_text(self)
         if not self.params:
             return self.name
         vals = []
@@ -126,6 +130,12 @@ class FormatInstance:
         n = int(self.data.size)
         return 2 * n if self.format.value_bits == 4 else n
 
+    def slot_values(self) -> np.ndarray:
+        """One value per stored slot (packed int4 unpacked to int8), aligned with stored_coords."""
+        if self.format.value_bits == 4:
+            return _family(self.format).unpack_values(self)
+        return self.data
+
     def root_extent(self) -> int:
         """Length of the first (row) axis: rows, or block rows."""
         return _family(self.format).root_extent(self)
@@ -151,7 +161,7 @@ class FormatInstance:
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
         """The stored entries as a canonical scipy CSR matrix (explicit zeros inside blocks
         are kept, padding is dropped). ``values`` replaces ``data`` (e.g. an SDDMM output)."""
-        vals = self.data if values is None else np.asarray(values).reshape(-1)
+        vals = self.slot_values() if values is None else np.asarray(values).reshape(-1)
         if vals.size != self.stored:
             raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
         if vals.dtype == np.float16:  # scipy.sparse has no float16; float32 holds it exactly
@@ -191,8 +201,9 @@ class FormatInstance:
     def with_data(self, data: np.ndarray) -> "FormatInstance":
         """The same structure holding other values (same length and layout)."""
         data = np.ascontiguousarray(np.asarray(data).reshape(-1))
-        if data.size != self.stored:
-            raise ValueError(f"data should have {self.stored} entries, got {data.size}")
+        want = self.data.size if self.format.value_bits == 4 and data.dtype == np.int8 else self.stored
+        if data.size != want:
+            raise ValueError(f"data should have {want} entries, got {data.size}")
         return FormatInstance(self.format, self.shape, self.arrays, data, self.nnz, self.conversion_s, self._coords)
 
     def astype(self, dtype) -> "FormatInstance":

@@ -93,6 +93,9 @@ class CompositeInstance:
         """Index of each part's first slot in ``data``."""
         return [int(x) for x in np.cumsum([0] + [p.stored for p in self.parts])[:-1]]
 
+    def slot_values(self) -> np.ndarray:
+        return np.concatenate([p.slot_values() for p in self.parts]) if self.parts else self.data
+
     def stored_coords(self) -> Tuple[np.ndarray, np.ndarray]:
         rc = [p.stored_coords() for p in self.parts]
         return (np.concatenate([r for r, _ in rc]), np.concatenate([c for _, c in rc]))
@@ -102,7 +105,7 @@ class CompositeInstance:
 
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
         """The stored entries as canonical scipy CSR (parts never share an entry)."""
-        vals = self.data if values is None else np.asarray(values).reshape(-1)
+        vals = self.slot_values() if values is None else np.asarray(values).reshape(-1)
         if vals.size != self.stored:
             raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
         out = sp.csr_matrix(self.shape, dtype=np.float64 if vals.dtype.kind == "f" else vals.dtype)

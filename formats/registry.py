@@ -47,7 +47,7 @@ def _module(name: str) -> ModuleType:
 
 def module_for(fmt) -> ModuleType:
     """The module implementing ``fmt`` (a Format or a family name)."""
-    return _module(fmt.name if isinstance(fmt, Format) else fmt)
+    return _module(fmt if isinstance(fmt, str) else fmt.name)
 
 
 def parse_spec(spec: str) -> Tuple[ModuleType, dict]:

@@ -9,12 +9,13 @@ from .loops import first_reduce_loop, has_dynamic_reduction, inner_block, root_b
 
 @transformation(knobs={"parallel": (True, False)})
 def parallel_rows(sch: s_tir.Schedule, nest, *, parallel: bool):
-    """Run the root (row) loop in parallel when it is spatial.
+    """Run the root (row) loop in parallel when it is spatial and its rows never repeat
+    (a root listing rows with repeats, e.g. hyb's split rows, would race on the CPU).
 
-    Before: for i in n0: (row block) ...      After: for i in T.parallel(n0): ...
+    Before: for i in n_i: (row block) ...      After: for i in T.parallel(n_i): ...
     """
     root = nest.blocks[0][0].loop
-    if parallel and root.kind == "S":
+    if parallel and root.kind == "S" and not nest.atomic:
         sch.parallel(sch.get_loops(root_block(sch, nest))[0])
 
 

@@ -60,7 +60,7 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     own = loops[len(loops) - 1 - len(own_ir):-1]
     sch.reorder(k_t, *own, k_s, k_v)
     sch.bind(k_t, "threadIdx.x")
-    if nest.reduce is not None:
+    if nest.reduce is not None and nest.init:
         acc = sch.cache_write(blk, 0, "local")
         sch.reverse_compute_at(acc, k_t)
         if vec > 1 and serial == 1:  # with serial features the write-back loop is longer than a vector
@@ -69,7 +69,7 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
             kinds = [b.loop.kind for b in own_ir]
             first_r = next(rv for rv, kind in zip(own, kinds) if kind == "R")
             sch.decompose_reduction(blk, first_r)
-    elif vec > 1 and serial == 1:
+    elif vec > 1 and serial == 1 and nest.reduce is None:  # an add into memory (parts) stays scalar
         sch.vectorize(k_v)
     _bind_root(sch, nest, rows_per_block, "threadIdx.y")
 

@@ -26,7 +26,7 @@ def has_dynamic_reduction(nest) -> bool:
     run for an empty row, so the init must be hoisted (decompose_reduction)."""
     from sparsec.expr import Const
 
-    return nest.reduce is not None and any(
+    return nest.reduce is not None and nest.init and any(
         b.loop.kind == "R" and not isinstance(b.extent, Const) for blk in nest.blocks for b in blk)
 
 

@@ -14,14 +14,17 @@ from tvm import s_tir
 
 from . import ops as library
 from .dsl import Operator
+from .dtypes import dtype_spec
 from .formats import Format, FormatInstance, make_format
-from .kernel import Kernel, ParamSpec, check_dtype
+from .formats.composite import CompositeFormat, CompositeInstance
+from .kernel import Kernel, ParamSpec
 from .lower import lower_program
 from .schedules import default_cpu, default_cuda
 from .targets import parse_target
 
 
-def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, None] = None, *, target: str = "llvm",
+def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, CompositeInstance, None] = None, *,
+            target: str = "llvm",
             dtype: Optional[str] = None, knobs: Optional[Dict[str, Any]] = None, dump_ir: Optional[str] = None,
             **params: int) -> Kernel:
     """Compile ``op`` (a library name or a DSL Operator) for ``fmt`` (a spec such as
@@ -34,20 +37,24 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, No
         raise TypeError(f"op should be an operator name or a sparsec.dsl.Operator, got {type(op).__name__}")
     if fmt is None:
         fmt = operator.default_format()
-    if isinstance(fmt, FormatInstance):
-        dtype = dtype or fmt.dtype.name
+    if isinstance(fmt, (FormatInstance, CompositeInstance)):
+        dtype = dtype or fmt.value_dtype
         fmt = fmt.format
     elif isinstance(fmt, str):
         fmt = make_format(fmt)
-    if not isinstance(fmt, Format):
-        raise TypeError(f"fmt should be a format spec, Format or FormatInstance, got {type(fmt).__name__}")
-    unset = [a.name for a in fmt.axes if getattr(a, "width", 1) is None]
+    if isinstance(fmt, CompositeFormat):
+        parts = fmt.parts
+    elif isinstance(fmt, Format):
+        parts = (fmt,)
+    else:
+        raise TypeError(f"fmt should be a format spec, Format or converted matrix, got {type(fmt).__name__}")
+    unset = [a.name for p in parts for a in p.axes[1:] if getattr(a, "width", 1) is None]
     if unset:
         raise ValueError(f"format {fmt.spec} needs its width to compile (axis {unset[0]}); give 'ell:W' "
                          "or compile for a converted matrix, whose width is known")
-    dtype = check_dtype(dtype or "float32")
+    dtype = dtype_spec(dtype or "float32").name
     spec = parse_target(target)
-    func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir)
+    func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda")
     sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
     template = default_cpu if spec.kind == "llvm" else default_cuda
     used = template(sch, program, **(knobs or {}))
@@ -74,6 +81,6 @@ def _dim(e):
 
     if isinstance(e, Const):
         return int(e.value)
-    if isinstance(e, Var) and e.name in ("rows", "cols", "n0"):
+    if isinstance(e, Var) and e.name in ("rows", "cols"):
         return e.name
     return None

@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import build, datasets, formats, ops, reference
-from .kernel import check_dtype
+from .dtypes import dtype_spec
 
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-5}
 
@@ -87,7 +87,7 @@ def _jsonable(v):
 
 # ---- subcommands -----------------------------------------------------------------------------
 def cmd_run(args):
-    dtype = check_dtype(args.dtype)
+    dtype = dtype_spec(args.dtype).name
     spec, params = _format_spec(args)
     matrix, seed, source = _matrix(args)
     A = formats.convert(matrix, spec, dtype=dtype, **params)
@@ -145,7 +145,7 @@ def cmd_build(args):
         raise ValueError("build needs -o FILE or --emit-source")
     if args.output is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise ValueError(f"the directory of -o {args.output!r} does not exist")
-    dtype = check_dtype(args.dtype)
+    dtype = dtype_spec(args.dtype).name
     spec, params = _format_spec(args)
     if args.matrix is None and args.random is None and None not in params.values():
         fmt = formats.make_format(spec, **params)  # fully given: no matrix needed

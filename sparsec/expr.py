@@ -145,12 +145,25 @@ def simplify_mul(a: Expr, b: Expr) -> Expr:
 _TIR_CALLS = {"exp": "T.exp", "max": "T.max", "min": "T.min", "sqrt": "T.sqrt", "abs": "T.abs"}
 
 
+def cast(dtype: str, e: Expr) -> Expr:
+    return Call(f"cast:{dtype}", (e,))
+
+
+def unpack_int4(packed: Load, parity: Expr) -> Expr:
+    """The signed nibble ``parity`` (0: low, 1: high) of an int8 byte, as int32."""
+    return Call("unpack4", (packed, parity))
+
+
 def render(e: Expr, dtype: str, names: Dict[str, str] | None = None) -> str:
     """TVMScript text for ``e``. Float literals take ``dtype``; ``names`` renames Vars."""
     names = names or {}
     if isinstance(e, Const):
-        if isinstance(e.value, float) or dtype.startswith("float") and not isinstance(e.value, int):
+        if isinstance(e.value, float):
             v = e.value
+            if not dtype.startswith("float"):  # an integer computation: identities become ints
+                if v in (float("inf"), float("-inf")):
+                    return f'T.{"max" if v > 0 else "min"}_value("{dtype}")'
+                return f"T.{dtype}({int(v)})"
             if v == float("inf"):
                 return f"T.{dtype}('inf')"
             if v == float("-inf"):
@@ -166,6 +179,13 @@ def render(e: Expr, dtype: str, names: Dict[str, str] | None = None) -> str:
         if e.op == "and":
             return f"T.And({a}, {b})"
         return f"({a} {e.op} {b})"
+    if isinstance(e, Call) and e.fn.startswith("cast:"):
+        return f'T.Cast("{e.fn[5:]}", {render(e.args[0], dtype, names)})'
+    if isinstance(e, Call) and e.fn == "unpack4":
+        byte = render(e.args[0], dtype, names)
+        # move the nibble to the top of an int32, then shift back arithmetically: sign extension
+        return (f'T.shift_right(T.shift_left(T.Cast("int32", {byte}), 28 - 4 * {render(e.args[1], "int32", names)}), '
+                f"28)")
     if isinstance(e, Call):
         if e.fn not in _TIR_CALLS:
             raise ValueError(f"function should be one of {sorted(_TIR_CALLS)}, got {e.fn!r}")

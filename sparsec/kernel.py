@@ -14,9 +14,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tvm
 
+from .dtypes import DtypeSpec, dtype_spec
 from .formats import FormatInstance
-from .formats.base import SUPPORTED_VALUE_DTYPES
+from .formats.composite import CompositeInstance
 from .targets import TargetSpec
+
+SparseMatrix = (FormatInstance, CompositeInstance)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class ParamSpec:
     name: str
     role: str  # index | input | output | temp | scalar
     dtype: str
-    shape: Tuple[Any, ...] = ()  # ints, "rows", "cols", "n0", or None (taken from the instance)
+    shape: Tuple[Any, ...] = ()  # ints, "rows", "cols", or None (one per stored slot of the matrix)
     sparse: bool = False
 
 
@@ -65,7 +68,7 @@ class Kernel:
         return path
 
     # ---- calling -----------------------------------------------------------------------------
-    def __call__(self, A: FormatInstance, *dense, out=None, poison: bool = False):
+    def __call__(self, A, *dense, out=None, poison: bool = False):
         """Run on ``A`` and the dense inputs (in the operator's order). Returns the output
         (a tuple when there are several), in the library of the inputs (torch or numpy).
         ``poison=True`` fills freshly allocated outputs with NaN first, so that an element
@@ -74,7 +77,7 @@ class Kernel:
         self.executable[self.op_name](*args)
         return self._finish(outs, like_torch)
 
-    def prepare(self, A: FormatInstance, *dense, out=None, poison: bool = False):
+    def prepare(self, A, *dense, out=None, poison: bool = False):
         """Checked argument list for the compiled function, the outputs, and whether the
         caller passed torch tensors."""
         self._check_instance(A)
@@ -83,7 +86,7 @@ class Kernel:
             names = ", ".join(p.name for p in inputs)
             raise TypeError(f"{self.op_name} takes the sparse matrix and {len(inputs)} dense inputs ({names}), "
                             f"got {len(dense)}")
-        sizes = {"rows": A.shape[0], "cols": A.shape[1], "n0": A.root_extent()}
+        sizes = scalar_values(A)
         like_torch = any(_is_torch(x) for x in dense)
         dev = self.target.device()
         by_name = {p.name: x for p, x in zip(inputs, dense)}
@@ -104,15 +107,19 @@ class Kernel:
         args = [_compact(a) for a in args]
         return args, [outs[p.name] for p in self.outputs], like_torch
 
+    @property
+    def dtypes(self) -> DtypeSpec:
+        return dtype_spec(self.dtype)
+
     def _check_instance(self, A):
-        if not isinstance(A, FormatInstance):
-            raise TypeError(f"the sparse operand should be a FormatInstance (sparsec.formats.convert), "
+        if not isinstance(A, SparseMatrix):
+            raise TypeError(f"the sparse operand should be a converted matrix (sparsec.formats.convert), "
                             f"got {type(A).__name__}")
         if A.format.spec != self.format_spec:
             raise ValueError(f"this kernel was compiled for format {self.format_spec}, got a matrix in {A.format.spec}")
-        if A.dtype.name != self.dtype:
-            raise TypeError(f"matrix values should be {self.dtype} for this kernel, got {A.dtype.name} "
-                            f"(convert with dtype={self.dtype!r} or compile for {A.dtype.name})")
+        if A.value_dtype != self.dtypes.sparse:
+            raise TypeError(f"matrix values should be {self.dtypes.sparse} for this kernel, got {A.value_dtype} "
+                            f"(convert with dtype={self.dtypes.sparse!r} or compile for {A.value_dtype})")
 
     def _expected_shape(self, p: ParamSpec, sizes) -> Tuple[int, ...]:
         return tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
@@ -124,8 +131,8 @@ class Kernel:
             raise ValueError(f"{self.op_name}: {p.name} should have shape {want} (rows, cols from the sparse "
                              f"matrix), got {shape}")
         dtype = _dtype_name(x)
-        if dtype != self.dtype:
-            raise TypeError(f"{self.op_name}: {p.name} should be {self.dtype}, got {dtype}")
+        if dtype != p.dtype:
+            raise TypeError(f"{self.op_name}: {p.name} should be {p.dtype}, got {dtype}")
         if _is_torch(x):
             if _torch_device_kind(x) != self.target.kind:
                 raise ValueError(f"{self.op_name}: {p.name} is on {x.device} but the kernel runs on {self.target.name}")
@@ -146,27 +153,25 @@ class Kernel:
             shape = (A.stored,) if p.sparse else self._expected_shape(p, sizes)
             if p.role == "output" and given:
                 x = given[i]
-                if tuple(x.shape) != shape or _dtype_name(x) != self.dtype:
-                    raise ValueError(f"out {p.name} should be {self.dtype} with shape {shape}, "
+                if tuple(x.shape) != shape or _dtype_name(x) != p.dtype:
+                    raise ValueError(f"out {p.name} should be {p.dtype} with shape {shape}, "
                                      f"got {_dtype_name(x)} {tuple(x.shape)}")
                 outs[p.name] = x
                 continue
-            outs[p.name] = _alloc(shape, self.dtype, self.target, like_torch, dense, poison or p.role == "temp")
+            outs[p.name] = _alloc(shape, p.dtype, self.target, like_torch, dense, poison or p.role == "temp")
         return outs
 
-    def _instance_arrays(self, A: FormatInstance, dev) -> Dict[str, Any]:
+    def _instance_arrays(self, A, dev) -> Dict[str, Any]:
         """The instance's index arrays and values on the kernel's device (cached per instance)."""
+        host = index_arrays(A)
+        host["__data__"] = A.data
         if self.target.kind == "llvm":
-            d = {n: A.arrays[n] for n in A.format.index_array_names()}
-            d["__data__"] = A.data
-            return d
+            return host
         cache = A.__dict__.setdefault("_device_arrays", {})
         key = (str(dev), id(A.data))
         if key not in cache:
-            d = {n: tvm.runtime.tensor(_compact(A.arrays[n]), dev) for n in A.format.index_array_names()}
-            d["__data__"] = tvm.runtime.tensor(_compact(A.data), dev)
             cache.clear()
-            cache[key] = d
+            cache[key] = {n: tvm.runtime.tensor(_compact(a), dev) for n, a in host.items()}
         return cache[key]
 
     def _finish(self, outs, like_torch):
@@ -179,7 +184,7 @@ class Kernel:
         return res[0] if len(res) == 1 else tuple(res)
 
     # ---- timing ------------------------------------------------------------------------------
-    def time(self, A: FormatInstance, *dense, number: int = 10, repeat: int = 5) -> Dict[str, float]:
+    def time(self, A, *dense, number: int = 10, repeat: int = 5) -> Dict[str, float]:
         """Median and spread of ``repeat`` timings of ``number`` runs each, after a warm-up, in ms."""
         args, _, _ = self.prepare(A, *dense)
         args = [tvm.runtime.from_dlpack(a) if _is_torch(a) else
@@ -188,6 +193,26 @@ class Kernel:
         res = ev(*args)
         ms = np.array([float(r) for r in res.results]) * 1e3
         return {"median_ms": float(np.median(ms)), "min_ms": float(ms.min()), "max_ms": float(ms.max())}
+
+
+def index_arrays(A) -> Dict[str, np.ndarray]:
+    """The matrix's index arrays by kernel parameter name (a composite's parts prefixed p<k>_)."""
+    if isinstance(A, CompositeInstance):
+        return {f"p{k}_{n}": part.arrays[n] for k, part in enumerate(A.parts)
+                for n in part.format.index_array_names()}
+    return {n: A.arrays[n] for n in A.format.index_array_names()}
+
+
+def scalar_values(A) -> Dict[str, int]:
+    """Every scalar a kernel may take: run-time extents n_<axis>, part offsets, rows, cols."""
+    out = {"rows": int(A.shape[0]), "cols": int(A.shape[1])}
+    if isinstance(A, CompositeInstance):
+        for k, (part, off) in enumerate(zip(A.parts, A.offsets)):
+            out.update({f"n_p{k}_{a}": int(n) for a, n in part.extents().items()})
+            out[f"off_p{k}"] = off
+    else:
+        out.update({f"n_{a}": int(n) for a, n in A.extents().items()})
+    return out
 
 
 def _is_torch(x) -> bool:
@@ -205,7 +230,8 @@ def _dtype_name(x) -> str:
 
 
 def _alloc(shape, dtype, target: TargetSpec, like_torch: bool, dense: Sequence, poison: bool):
-    fill = np.nan if poison else 0
+    # poison: NaN, or for integer outputs the most negative value (no kernel result is that)
+    fill = (np.nan if dtype.startswith("float") else np.iinfo(dtype).min) if poison else 0
     if like_torch:
         import torch
 
@@ -226,9 +252,3 @@ def _compact(a):
         return np.lib.stride_tricks.as_strided(a, a.shape, tuple(reversed(strides)))
     return a
 
-
-def check_dtype(dtype: str) -> str:
-    name = np.dtype(dtype).name if dtype is not None else "float32"
-    if name not in SUPPORTED_VALUE_DTYPES:
-        raise TypeError(f"dtype should be one of {SUPPORTED_VALUE_DTYPES}, got {name}")
-    return name

@@ -23,7 +23,7 @@ def sddmm(A: FormatInstance, X, Y) -> np.ndarray:
     r, c = rows[ok], cols[ok]
     # chunked so a large matrix does not build an (nnz, K) temporary all at once
     step = max(1, (1 << 24) // max(1, X.shape[1]))
-    vals = A.data[ok].astype(np.float64)
+    vals = A.slot_values()[ok].astype(np.float64)
     res = np.empty(r.size)
     for s in range(0, r.size, step):
         res[s:s + step] = np.einsum("ij,ji->i", X[r[s:s + step]], Y[:, c[s:s + step]])

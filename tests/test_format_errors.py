@@ -248,7 +248,7 @@ def test_ell_row_too_long():
     ("ell:abc", r"ELL width should be a positive integer, got 'abc'"),
     ("ell:0", r"ELL width should be a positive integer, got 0"),
     ("csr:4", r"csr takes no parameters"),
-    ("coo", r"format family should be one of csr, bsr, ell, got 'coo'"),
+    ("coo", r"format family should be one of csr, bsr, ell, .*got 'coo'"),
     ("", r"format spec should be a string"),
 ])
 def test_bad_specs(spec, match):

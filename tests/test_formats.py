@@ -246,7 +246,7 @@ def test_declarations():
 
 
 def test_registry():
-    assert [n for n, _ in families()] == ["csr", "bsr", "ell"]
+    assert [n for n, _ in families()][:3] == ["csr", "bsr", "ell"]
     assert make_format("csr") == csr.declare()
     assert make_format("bsr:4x4") == bsr.declare((4, 4))
     assert make_format("bsr:3x5") == make_format("bsr", block=(3, 5)) == bsr.declare((3, 5))

@@ -121,7 +121,7 @@ def test_matrix_dtype_mismatch(spmm, m, rng):
 
 
 def test_scipy_matrix_instead_of_instance(spmm, m, rng):
-    with pytest.raises(TypeError, match=r"FormatInstance \(sparsec\.formats\.convert\)"):
+    with pytest.raises(TypeError, match=r"converted matrix \(sparsec\.formats\.convert\)"):
         spmm(m, dense(rng, (COLS, FEAT)))
 
 
@@ -180,7 +180,7 @@ def test_ell_without_width_at_compile():
 
 
 def test_scipy_matrix_as_compile_format(m):
-    with pytest.raises(TypeError, match=r"fmt should be a format spec, Format or FormatInstance"):
+    with pytest.raises(TypeError, match=r"fmt should be a format spec, Format or converted matrix"):
         sparsec.compile("spmm", m, feat=8, target="llvm")
 
 

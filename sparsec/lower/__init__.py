@@ -18,6 +18,7 @@ import tvm
 
 from ..dsl import Operator
 from ..formats import Format
+from ..dtypes import dtype_spec
 from .bind import bind
 from .emit import emit_script
 from .flatten import flatten
@@ -27,18 +28,19 @@ STAGES = ("bind", "positions", "flat", "script", "tir")
 
 
 def lower(op: Operator, fmt: Format, params: Dict[str, int], dtype: str = "float32",
-          dump_ir: Optional[str] = None) -> tvm.tirx.PrimFunc:
+          dump_ir: Optional[str] = None, atomics: bool = False) -> tvm.tirx.PrimFunc:
     """Run every stage and return the PrimFunc, ready for ``tvm.s_tir.Schedule``."""
-    return lower_program(op, fmt, params, dtype, dump_ir)[0]
+    return lower_program(op, fmt, params, dtype, dump_ir, atomics)[0]
 
 
 def lower_program(op: Operator, fmt: Format, params: Dict[str, int], dtype: str = "float32",
-                  dump_ir: Optional[str] = None):
-    """The PrimFunc and the flat program it came from (schedules read loop roles from it)."""
+                  dump_ir: Optional[str] = None, atomics: bool = False):
+    """The PrimFunc and the flat program it came from (schedules read loop roles from it).
+    ``atomics``: emit atomicAdd where rows repeat (CUDA); the CPU schedule runs those serially."""
     bound = bind(op, fmt, params)
     positions = lower_positions(bound)
-    flat = flatten(positions, dtype)
-    script = emit_script(flat)
+    flat = flatten(positions, dtype_spec(dtype))
+    script = emit_script(flat, atomics)
     try:
         func = tvm.script.from_source(script)
     except Exception as e:

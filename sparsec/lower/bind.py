@@ -5,16 +5,21 @@ the format's order; the operator's dense axes follow in the order given. A forma
 axis inherits the S/R kind of the logical axis it contributes a coordinate to
 (dim 0 -> the row axis, dim 1 -> the sparse axis). Nothing here looks at the
 format's name: only its axes.
+
+A composite format (hyb, bsr+csr) is decomposed here: every iteration is bound once
+per part, the part's axes and index arrays renamed ``p<k>_...`` so that the parts
+of one kernel never share a name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..dsl import Axis as DslAxis
 from ..dsl import Iteration, Operator, Statement
 from ..formats import Format
 from ..formats.axes import Axis as FmtAxis
+from ..formats.composite import CompositeFormat
 
 
 @dataclass(frozen=True)
@@ -41,14 +46,21 @@ class BoundIteration:
     chain: Tuple[FmtAxis, ...]
     row_axis: DslAxis
     col_axis: DslAxis
+    part: int = 0
+    origin: str = ""  # the DSL iteration's name (a composite binds it once per part)
 
 
 @dataclass
 class BoundOperator:
     op: Operator
-    format: Format
+    format: Union[Format, CompositeFormat]
     params: Dict[str, int]
     iterations: List[BoundIteration]
+    parts: List[Format]
+
+    @property
+    def composite(self) -> bool:
+        return isinstance(self.format, CompositeFormat)
 
     def extent(self, axis: DslAxis) -> int:
         """Compile-time extent of an operator dense axis."""
@@ -65,10 +77,28 @@ def bind(op: Operator, fmt: Format, params: Dict[str, int]) -> BoundOperator:
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} should be a positive int, got {v!r}")
     row, col = op.structure()
+    parts = [prefixed(p, f"p{k}_") for k, p in enumerate(fmt.parts)] if isinstance(fmt, CompositeFormat) else [fmt]
     out = []
     for it in op.iterations:
-        out.append(_bind_iteration(it, fmt, row, col, params))
-    return BoundOperator(op, fmt, dict(params), out)
+        for k, part in enumerate(parts):
+            b = _bind_iteration(it, part, row, col, params)
+            b.part, b.origin = k, it.name
+            if len(parts) > 1 or isinstance(fmt, CompositeFormat):
+                b.name = f"{it.name}_p{k}"
+            out.append(b)
+    return BoundOperator(op, fmt, dict(params), out, parts)
+
+
+def prefixed(fmt: Format, prefix: str) -> Format:
+    """``fmt`` with every axis and index-array name prefixed (a part of a composite)."""
+    axes = []
+    for a in fmt.axes:
+        changes = {"name": prefix + a.name}
+        for attr in ("indptr", "indices"):
+            if getattr(a, attr, None) is not None:
+                changes[attr] = prefix + getattr(a, attr)
+        axes.append(replace(a, **changes))
+    return replace(fmt, axes=tuple(axes))
 
 
 def _bind_iteration(it: Iteration, fmt: Format, row: DslAxis, col: DslAxis, params) -> BoundIteration:
@@ -78,7 +108,7 @@ def _bind_iteration(it: Iteration, fmt: Format, row: DslAxis, col: DslAxis, para
     for n, fa in enumerate(fmt.axes):
         logical = row if fa.dim == 0 else col
         role = "root" if n == 0 else ("sparse" if (fa.variable or fa.sparse) else "block")
-        extent = getattr(fa, "extent", None) if role == "block" else None
+        extent = getattr(fa, "extent", None) if role == "block" else None  # None: known at run time
         loops.append(Loop(fa.name, it.kind_of(logical), role, fa, extent))
     taken = {l.name for l in loops}
     for a, k in zip(it.axes, it.kinds):

@@ -13,9 +13,9 @@ from typing import Dict, List, Set
 import tvm
 
 from ..dsl import IDENTITY
-from ..expr import Const, Expr, Load, Var, render, walk
+from ..expr import BinOp, Const, Expr, Load, Var, render, walk
 from .flatten import FlatProgram
-from .positions import LoopNest
+from .positions import LoopNest, iv
 
 
 class _Printer:
@@ -26,8 +26,9 @@ class _Printer:
         self.lines.append("    " * depth + text)
 
 
-def emit_script(prog: FlatProgram) -> str:
-    """TVMScript source of the whole operator (one PrimFunc)."""
+def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
+    """TVMScript source of the whole operator (one PrimFunc). ``atomics``: updates that several
+    root positions may make to one element at once become ``atomicAdd`` (CUDA)."""
     names = [b.name for b in prog.buffers]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -44,7 +45,10 @@ def emit_script(prog: FlatProgram) -> str:
         shape = ", ".join(render(s, "int32") for s in b.shape)
         p(1, f'{b.name} = T.match_buffer({b.name}_h, ({shape},), "{b.dtype}")')
     for nest in prog.nests:
-        _emit_nest(p, nest, shapes, prog.dtype)
+        if nest.atomic and atomics and nest.reduce != "sum":
+            raise ValueError(f"{nest.name}: rows repeat in this format, so its {nest.reduce} reduction would need an "
+                             f"atomic {nest.reduce}, which sparsec does not emit; use a format whose rows are unique")
+        _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic)
     return "\n".join(p.lines) + "\n"
 
 
@@ -56,7 +60,7 @@ def _loads(e: Expr) -> List[Load]:
     return [n for n in walk(e) if isinstance(n, Load)]
 
 
-def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str):
+def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool):
     all_reads = []
     for e in [nest.value] + [i for i in nest.target.index] + ([nest.write_guard] if nest.write_guard is not None else []):
         all_reads += [l.buffer for l in _loads(e)]
@@ -70,6 +74,8 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str):
         inner = level == len(nest.blocks) - 1
         loop_names = [f"l_{b.loop.name}" for b in blk]
         extents = [render(b.extent, "int32") for b in blk]
+        if level == 0:  # at least one row iteration (a CUDA grid of 0 blocks is a launch error), guarded
+            extents[0] = f"T.max({extents[0]}, 1)"
         if len(blk) == 1:
             p(depth, f"for {loop_names[0]} in range({extents[0]}):")
         else:
@@ -78,25 +84,35 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str):
         block_name = nest.name if inner else f"{nest.name}_{level}"
         p(depth, f'with T.sblock("{block_name}"):')
         depth += 1
-        for b in blk:
+        for b, ext in zip(blk, extents):
             kind = "spatial" if b.loop.kind == "S" else "reduce"
-            p(depth, f"v_{b.loop.name} = T.axis.{kind}({render(b.extent, 'int32')}, l_{b.loop.name})")
+            p(depth, f"v_{b.loop.name} = T.axis.{kind}({ext}, l_{b.loop.name})")
             bound_vars.add(f"v_{b.loop.name}")
+        if level == 0 and not inner:
+            p(depth, f"T.where(l_{blk[0].loop.name} < {render(blk[0].extent, 'int32')})")
         if inner:
-            if nest.write_guard is not None:
+            guards = ([nest.write_guard] if nest.write_guard is not None else [])
+            if level == 0:
+                guards.append(BinOp("<", iv(blk[0].loop), blk[0].extent))
+            if guards:
                 own = {f"v_{b.loop.name}": f"l_{b.loop.name}" for b in blk}  # T.where takes loop vars
-                p(depth, f"T.where({render(nest.write_guard, 'int32', own)})")
+                cond = guards[0] if len(guards) == 1 else BinOp("and", guards[0], guards[1])
+                p(depth, f"T.where({render(cond, 'int32', own)})")
             reads = [l for l in _loads(nest.value)] + [l for i in nest.target.index for l in _loads(i)]
             read_txt = ", ".join(dict.fromkeys(render(l, dtype) for l in reads))
             p(depth, f"T.reads({read_txt})")
             p(depth, f"T.writes({render(nest.target, dtype)})")
-            if nest.reduce is not None:
+            target = render(nest.target, dtype)
+            if nest.reduce is not None and nest.init:
                 p(depth, "with T.init():")
-                p(depth + 1, f"{render(nest.target, dtype)} = {render(_identity(nest.reduce), dtype)}")
-                update = _combine(nest.reduce, render(nest.target, dtype), render(nest.value, dtype))
+                p(depth + 1, f"{target} = {render(_identity(nest.reduce), dtype)}")
+            if atomic:
+                p(depth, f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of({target}), '
+                         f"{render(nest.value, dtype)}))")
+            elif nest.reduce is not None:
+                p(depth, f"{target} = {_combine(nest.reduce, target, render(nest.value, dtype))}")
             else:
-                update = render(nest.value, dtype)
-            p(depth, f"{render(nest.target, dtype)} = {update}")
+                p(depth, f"{target} = {render(nest.value, dtype)}")
         else:
             p(depth, f"T.reads({', '.join(_full(n, shapes) for n in all_reads)})")
             p(depth, f"T.writes({_region(nest.target, shapes, bound_vars)})")

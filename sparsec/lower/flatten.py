@@ -1,16 +1,20 @@
 """Stage III: sparse buffers -> flat buffers.
 
 Resolves every ``pos:<axis>`` placeholder into a flat offset with the composition
-rules of ``formats.axes`` (SparseTIR's ComputeOffset), and gives every buffer its
-flat shape. After this stage the program reads only ordinary arrays.
+rules of ``formats.axes`` (SparseTIR's ComputeOffset), maps a sparse buffer's flat
+position to where its value is stored (a format's chunked value order, a composite
+part's offset in the shared value array, two int4 values per byte), casts values to
+the accumulation dtype, and gives every buffer its flat shape and dtype. After this
+stage the program reads only ordinary arrays.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from ..expr import BinOp, Const, Expr, Load, Var, simplify_add, simplify_mul, transform
-from .positions import ROOT, LoopNest, PositionProgram, iv
+from ..dtypes import DtypeSpec
+from ..expr import BinOp, Call, Const, Expr, Load, Var, cast, simplify_add, simplify_mul, transform, unpack_int4
+from .positions import LoopNest, PositionProgram, extent_var, iv
 
 INDEX_DTYPE = "int32"
 
@@ -21,6 +25,7 @@ class BufferDecl:
     shape: Tuple[Expr, ...]
     dtype: str
     role: str  # index | input | output | temp
+    sparse: bool = False
 
 
 @dataclass
@@ -29,74 +34,127 @@ class FlatProgram:
     nests: List[LoopNest]
     buffers: List[BufferDecl]
     size_vars: List[str]  # symbolic sizes bound from buffer shapes (nnz of variable axes)
-    scalars: List[str]  # scalar kernel parameters
-    dtype: str
+    scalars: List[str]  # scalar kernel parameters, in order
+    dtype: DtypeSpec
     bound: object
 
 
-def flat_offset(chain, axis_name: str, nest: LoopNest) -> Expr:
-    """Flat position of ``axis_name`` within the chain, as an expression of block iterators."""
-    loops = {b.loop.name: b.loop for blk in nest.blocks for b in blk}
-    idx = [a.name for a in chain].index(axis_name)
+def _width(fa) -> Expr:
+    if fa.sparse:
+        return Const(fa.width)
+    return Const(fa.extent) if fa.extent is not None else extent_var(fa.name)
+
+
+def flat_offset(chain, idx: int, v: Dict[str, Expr]) -> Expr:
+    """Flat position of chain axis ``idx``, from the iterators ``v`` (axis name -> expr)."""
     fa = chain[idx]
-    v = iv(loops[fa.name])
     if idx == 0:
-        return v
-    parent = flat_offset(chain, chain[idx - 1].name, nest)
+        return v[fa.name]
+    parent = flat_offset(chain, idx - 1, v)
     if fa.variable:
-        return simplify_add(Load(fa.indptr, (parent,)), v)
-    width = fa.width if fa.sparse else fa.extent
-    return simplify_add(simplify_mul(parent, Const(width)), v)
+        return simplify_add(Load(fa.indptr, (parent,)), v[fa.name])
+    return simplify_add(simplify_mul(parent, _width(fa)), v[fa.name])
 
 
 def axis_total(chain, idx: int) -> Expr:
     """Number of flat positions of chain axis ``idx`` (the length of arrays over it)."""
     fa = chain[idx]
     if idx == 0:
-        return ROOT
+        return extent_var(fa.name)
     if fa.variable:
         return Var(f"nnz_{fa.name}")
-    width = fa.width if fa.sparse else fa.extent
-    return simplify_mul(axis_total(chain, idx - 1), Const(width))
+    return simplify_mul(axis_total(chain, idx - 1), _width(fa))
 
 
-def flatten(prog: PositionProgram, dtype: str) -> FlatProgram:
+def value_index(fmt, chain, v: Dict[str, Expr]) -> Expr:
+    """Where the value of the chain's last position is stored. With ``value_chunk`` k, the
+    positions of the last variable axis form chunks of k, each stored [inner axes][k]."""
+    last = len(chain) - 1
+    k = fmt.value_chunk
+    if not k:
+        return flat_offset(chain, last, v)
+    var = max(i for i, a in enumerate(chain) if a.variable)
+    p = flat_offset(chain, var, v)
+    inner, size = Const(0), 1
+    for a in chain[var + 1:]:
+        if a.sparse or a.variable or a.extent is None:
+            raise ValueError(f"format {fmt.name}: a chunked value order needs fixed dense axes after {chain[var].name}")
+        inner = simplify_add(simplify_mul(inner, Const(a.extent)), v[a.name])
+        size *= a.extent
+    return BinOp("+", BinOp("+", BinOp("*", BinOp("//", p, Const(k)), Const(k * size)), simplify_mul(inner, Const(k))),
+                 BinOp("%", p, Const(k)))
+
+
+def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
     bound = prog.bound
-    chain = tuple(bound.format.axes)
+    parts = bound.parts
+    sparse_bufs = {b.name: b for b in bound.op.buffers if b.sparse}
+    value_dtype = {b.name: (spec.sparse_storage if b.role == "input" and b.sparse else
+                            spec.dense if b.role == "input" else spec.out) for b in bound.op.buffers}
+    packed = {n for n, b in sparse_bufs.items() if b.role == "input" and any(p.value_bits == 4 for p in parts)}
+    if packed and spec.sparse != "int4":
+        raise TypeError(f"the format stores int4 values; compile it with dtype='int4', got {spec.name}")
+
     nests = []
     for nest in prog.nests:
-        def resolve(n, nest=nest):
+        part = None if nest.fill else parts[nest.part or 0]
+        chain = tuple(part.axes) if part is not None else ()
+        loops = {b.loop.name: iv(b.loop) for blk in nest.blocks for b in blk}
+
+        def resolve(n, chain=chain, loops=loops, part=part, nest=nest):
             if isinstance(n, Var) and n.name.startswith("pos:"):
-                return flat_offset(chain, n.name[4:], nest)
+                names = [a.name for a in chain]
+                return flat_offset(chain, names.index(n.name[4:]), loops)
+            if isinstance(n, Load) and n.buffer in sparse_bufs:
+                idx = value_index(part, chain, loops)
+                if nest.part is not None:
+                    idx = BinOp("+", Var(f"off_p{nest.part}"), idx)
+                if n.buffer in packed:
+                    return unpack_int4(Load(n.buffer, (BinOp("//", idx, Const(2)),)), BinOp("%", idx, Const(2)))
+                return Load(n.buffer, (idx,))
             return None
 
+        def typed(n):
+            # value loads in another dtype than the accumulation are cast up (int8 -> int32)
+            if isinstance(n, Call) and n.fn == "unpack4":
+                return None if spec.out == "int32" else cast(spec.out, n)
+            if isinstance(n, Load) and n.buffer in value_dtype and value_dtype[n.buffer] != spec.out:
+                return cast(spec.out, n)
+            return None
+
+        value = transform(transform(nest.value, resolve), typed)
         blocks = [[type(b)(b.loop, transform(b.extent, resolve)) for b in blk] for blk in nest.blocks]
-        nests.append(LoopNest(nest.name, blocks, transform(nest.target, resolve), transform(nest.value, resolve),
-                              nest.reduce, transform(nest.write_guard, resolve) if nest.write_guard is not None
-                              else None, nest.roles))
+        guard = transform(nest.write_guard, resolve) if nest.write_guard is not None else None
+        nests.append(LoopNest(nest.name, blocks, transform(nest.target, resolve), value, nest.reduce, guard,
+                              nest.roles, nest.init, nest.atomic, nest.part, nest.root_extent, nest.fill))
 
     buffers: List[BufferDecl] = []
     size_vars: List[str] = []
-    for i, fa in enumerate(chain):
-        if i == 0:
-            continue
-        if fa.variable:
-            buffers.append(BufferDecl(fa.indptr, (BinOp("+", axis_total(chain, i - 1), Const(1)),), INDEX_DTYPE, "index"))
-            size_vars.append(f"nnz_{fa.name}")
-        if fa.sparse:
-            buffers.append(BufferDecl(fa.indices, (axis_total(chain, i),), INDEX_DTYPE, "index"))
-    order = list(bound.format.index_array_names())
-    buffers.sort(key=lambda b: order.index(b.name))
-    n_slots = axis_total(chain, len(chain) - 1)
+    for part in parts:
+        chain = part.axes
+        for i, fa in enumerate(chain):
+            if fa.variable:
+                buffers.append(BufferDecl(fa.indptr, (BinOp("+", axis_total(chain, i - 1), Const(1)),), INDEX_DTYPE,
+                                          "index"))
+                size_vars.append(f"nnz_{fa.name}")
+            if fa.sparse:
+                buffers.append(BufferDecl(fa.indices, (axis_total(chain, i),), INDEX_DTYPE, "index"))
+    if bound.composite:
+        n_slots = Var("slots")
+        size_vars.append("slots")
+    else:
+        n_slots = axis_total(parts[0].axes, len(parts[0].axes) - 1)
     row, col = bound.op.structure()
     for b in bound.op.buffers:
         if b.sparse:
-            shape = (n_slots,)
+            shape = (BinOp("//", BinOp("+", n_slots, Const(1)), Const(2)),) if b.name in packed else (n_slots,)
         else:
             shape = tuple(Var("rows") if a is row else Var("cols") if a is col else Const(bound.extent(a))
                           for a in b.axes)
-        buffers.append(BufferDecl(b.name, shape, dtype, b.role))
-    # index arrays, then sparse values and dense inputs, outputs, temps (the kernel's argument order)
+        buffers.append(BufferDecl(b.name, shape, value_dtype[b.name], b.role, b.sparse))
     rank = {"index": 0, "input": 1, "output": 2, "temp": 3}
-    buffers.sort(key=lambda b: rank[b.role])
-    return FlatProgram(bound.op.name, nests, buffers, size_vars, ["n0", "rows", "cols"], dtype, bound)
+    buffers.sort(key=lambda b: rank[b.role])  # the kernel's argument order (stable within a role)
+    scalars = [f"n_{a}" for a in prog.runtime_extents]
+    if bound.composite:
+        scalars += [f"off_p{k}" for k in range(len(parts))]
+    return FlatProgram(bound.op.name, nests, buffers, size_vars, scalars + ["rows", "cols"], spec, bound)

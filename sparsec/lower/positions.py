@@ -5,7 +5,7 @@ coordinate in the statement is rewritten in terms of positions:
 
   * a sparse buffer read at (i, j) becomes a read at the position of the chain's
     last axis, written as the placeholder ``Var("pos:<axis>")`` that stage III
-    resolves into a flat offset;
+    resolves into a flat offset (and a value layout);
   * a dense buffer read at a structural coordinate becomes
     ``sum(coord(axis) * axis.scale)`` over the format axes of that dimension, with
     ``coord`` a loop index (dense axis) or ``indices[pos]`` (sparse axis);
@@ -16,22 +16,32 @@ coordinate in the statement is rewritten in terms of positions:
 Loops are grouped into blocks: the row loop is a block of its own, and a variable
 axis (extent from ``indptr``) opens a new, inner block, because its extent reads the
 outer loops' positions.
+
+A reduction into a dense output whose rows more than one root position may reach
+(the parts of a composite format, or a root listing rows with repeats) gets a
+*fill* nest that sets the output to the identity first; each part then only adds
+into it (no ``T.init``), atomically on GPUs when its own rows repeat.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..dsl import IDENTITY, Access
 from ..expr import BinOp, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform, walk
 from .bind import BoundIteration, BoundOperator, Loop
 
-ROWS, COLS, ROOT = Var("rows"), Var("cols"), Var("n0")
+ROWS, COLS = Var("rows"), Var("cols")
 
 
 def pos(axis_name: str) -> Var:
     """Placeholder for the flat position of a format axis (resolved in stage III)."""
     return Var(f"pos:{axis_name}")
+
+
+def extent_var(axis_name: str) -> Var:
+    """The run-time extent of an axis, a scalar kernel parameter."""
+    return Var(f"n_{axis_name}")
 
 
 def iv(loop: Loop) -> Var:
@@ -47,7 +57,12 @@ class LoopIR:
 
 @dataclass
 class LoopNest:
-    """A bound iteration in position space: blocks of loops and one statement."""
+    """A bound iteration in position space: blocks of loops and one statement.
+
+    ``init``: the statement block initialises its output (TensorIR's T.init); False for
+    fill nests' consumers, which only add. ``atomic``: several root positions may add
+    into one output element concurrently. ``part``: index of the composite part (or None).
+    """
 
     name: str
     blocks: List[List[LoopIR]]
@@ -56,28 +71,46 @@ class LoopNest:
     reduce: Optional[str]
     write_guard: Optional[Expr]
     roles: Dict[str, str]
+    init: bool = True
+    atomic: bool = False
+    part: Optional[int] = None
+    root_extent: Optional[Expr] = None
+    fill: bool = False
 
 
 @dataclass
 class PositionProgram:
     bound: BoundOperator
     nests: List[LoopNest]
+    runtime_extents: List[str] = field(default_factory=list)  # axis names with an n_<axis> scalar
 
 
 def lower_positions(bound: BoundOperator) -> PositionProgram:
-    return PositionProgram(bound, [_lower(bound, it) for it in bound.iterations])
+    shared_rows = bound.composite or any(not p.axes[0].unique for p in bound.parts)
+    nests, filled = [], set()
+    for it in bound.iterations:
+        st = it.statement
+        split = st.reduce is not None and not st.target.buffer.sparse and shared_rows
+        if split and (it.origin, st.target.buffer.name) not in filled:
+            filled.add((it.origin, st.target.buffer.name))
+            nests.append(_fill(bound, it))
+        nests.append(_lower(bound, it, init=not split))
+    extents = [a.name for p in bound.parts for a in p.axes if a.name in p.runtime_extent_axes()]
+    return PositionProgram(bound, nests, extents)
 
 
 def _extent(loop: Loop, chain) -> Expr:
     fa = loop.fmt_axis
-    if loop.role == "root":
-        return ROOT
-    if fa is None or loop.role == "block":
+    if fa is None:
         return Const(loop.extent)
+    if loop.role == "root" or (not fa.sparse and not fa.variable and fa.extent is None):
+        return extent_var(fa.name)
     if fa.variable:
         parent = chain[chain.index(fa) - 1].name
         return BinOp("-", Load(fa.indptr, (BinOp("+", pos(parent), Const(1)),)), Load(fa.indptr, (pos(parent),)))
-    return Const(fa.width)  # sparse fixed
+    if fa.sparse:
+        return Const(fa.width)
+    return Const(fa.extent)
 
 
 def _coordinate(loop: Loop) -> Expr:
@@ -87,17 +120,16 @@ def _coordinate(loop: Loop) -> Expr:
     return iv(loop)
 
 
-def _lower(bound: BoundOperator, it: BoundIteration) -> LoopNest:
+def _lower(bound: BoundOperator, it: BoundIteration, init: bool) -> LoopNest:
     chain = it.chain
     chain_loops = [l for l in it.loops if l.fmt_axis is not None]
-    # logical coordinate of each dimension, and whether it can run past the matrix edge
+    # logical coordinate of each dimension; it can run past the matrix edge when an axis
+    # of that dimension counts in units larger than one (BSR block rows, N:M windows)
     coord: Dict[int, Expr] = {0: Const(0), 1: Const(0)}
-    parts: Dict[int, int] = {0: 0, 1: 0}
     for l in chain_loops:
         d = l.fmt_axis.dim
         coord[d] = simplify_add(coord[d], simplify_mul(_coordinate(l), Const(l.fmt_axis.scale)))
-        parts[d] += 1
-    overhang = {d: parts[d] > 1 for d in (0, 1)}
+    overhang = {d: any(l.fmt_axis.dim == d and l.fmt_axis.scale > 1 for l in chain_loops) for d in (0, 1)}
     by_axis = {l.name: l for l in it.loops}
     st = it.statement
 
@@ -142,17 +174,45 @@ def _lower(bound: BoundOperator, it: BoundIteration) -> LoopNest:
         fallback = IDENTITY[st.reduce] if st.reduce else Const(0.0)
         value = Select(_all(value_guards), value, fallback)
 
-    # blocks: the row loop has a block of its own (schedules bind it to thread blocks and TVM's
-    # cross-thread reductions want the reduction in an inner block); a variable axis starts a
-    # new, inner block, because its extent reads the outer loops' positions
+    blocks = _blocks(it.loops, chain)
+    roles = {l.name: l.role for l in it.loops}
+    atomic = (not init) and not chain[0].unique
+    return LoopNest(it.name, blocks, target, value, st.reduce, _all(write_guards) if write_guards else None,
+                    roles, init=init, atomic=atomic, part=it.part if bound.composite else None,
+                    root_extent=extent_var(chain[0].name))
+
+
+def _blocks(loops, chain) -> List[List[LoopIR]]:
+    """The row loop is a block of its own (schedules bind it to thread blocks, and TVM's
+    cross-thread reductions want the reduction in an inner block); a variable axis starts a
+    new, inner block, because its extent reads the outer loops' positions."""
     blocks: List[List[LoopIR]] = [[]]
-    for l in it.loops:
+    for l in loops:
         if blocks[-1] and (l.fmt_axis is not None and l.fmt_axis.variable or blocks[-1][-1].loop.role == "root"):
             blocks.append([])
         blocks[-1].append(LoopIR(l, _extent(l, chain)))
-    roles = {l.name: l.role for l in it.loops}
-    return LoopNest(it.name, blocks, target, value, st.reduce,
-                    _all(write_guards) if write_guards else None, roles)
+    return blocks
+
+
+def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
+    """out[...] = identity over the whole output (rows x its dense axes)."""
+    st = it.statement
+    loops, idx = [], []
+    for a in st.target.axes:
+        if a is it.row_axis:
+            loops.append(LoopIR(Loop("fill_row", "S", "root", None, None), ROWS))
+        elif a is it.col_axis:
+            loops.append(LoopIR(Loop("fill_col", "S", "dense", None, None), COLS))
+        else:
+            loops.append(LoopIR(Loop(a.name, "S", "dense", None, bound.extent(a)), Const(bound.extent(a))))
+        idx.append(iv(loops[-1].loop))
+    if not loops or loops[0].loop.role != "root":
+        raise ValueError(f"{it.name}: a reduction into {st.target.buffer.name} over several parts needs the output "
+                         "to be indexed by the row axis first")
+    blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
+    name = f"{it.origin}_fill_{st.target.buffer.name}"
+    return LoopNest(name, blocks, Load(st.target.buffer.name, tuple(idx)), IDENTITY[st.reduce], None, None,
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=ROWS, fill=True)
 
 
 def _all(conds: List[Expr]) -> Expr:
