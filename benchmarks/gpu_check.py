@@ -33,12 +33,61 @@ if "TVM_CUDA_COMPILE_MODE" not in os.environ:
 
 import sparsec  # noqa: E402
 from sparsec import reference  # noqa: E402
-from sparsec.formats import convert  # noqa: E402
+from sparsec.formats import convert, srbcrs  # noqa: E402
 from dsl_ops import TEST_OPS  # noqa: E402
 
-FORMATS = ["csr", "bsr:2x2", "bsr:4x4", "bsr:16x16", "bsr:3x5", "ell"]
 DENSE_LIMIT = 20_000  # rows x cols up to this squared: compare with torch's dense matmul
-TOL = 1e-5
+TOL = {"float32": 1e-5, "float16": 1e-2, "int8": 0.0, "int4": 0.0}
+
+
+def nm_project(m, n, mm, vec=1):
+    """Keep the n largest-magnitude entries of every window of mm columns (per V-row vector:
+    the columns with the largest summed magnitude over the vector), without densifying."""
+    c = m.tocoo()
+    grp = c.row // vec
+    win = c.col // mm
+    key_cols = np.stack([grp, c.col])
+    uniq, inv = np.unique(key_cols, axis=1, return_inverse=True)
+    score = np.bincount(inv.ravel(), weights=np.abs(c.data), minlength=uniq.shape[1])
+    g, col = uniq
+    order = np.lexsort((col, -score, col // mm, g))  # per (group, window): by score, then column
+    g_s, w_s = g[order], (col // mm)[order]
+    start = np.r_[0, np.flatnonzero((g_s[1:] != g_s[:-1]) | (w_s[1:] != w_s[:-1])) + 1]
+    rank = np.arange(order.size) - np.repeat(start, np.diff(np.r_[start, order.size]))
+    keep_pair = np.zeros(uniq.shape[1], bool)
+    keep_pair[order[rank < n]] = True
+    keep = keep_pair[inv.ravel()]
+    return sp.csr_matrix((c.data[keep], (c.row[keep], c.col[keep])), shape=m.shape)
+
+
+def _int_matrix(m, bits):
+    q, _ = srbcrs.quantize(m, bits)
+    return q
+
+
+def _fp16_values(m):
+    out = m.copy()
+    out.data = out.data.astype(np.float16).astype(np.float32)
+    return out
+
+
+FORMATS = {
+    "csr": lambda m: convert(m, "csr"),
+    "bsr:2x2": lambda m: convert(m, "bsr:2x2"),
+    "bsr:4x4": lambda m: convert(m, "bsr:4x4"),
+    "bsr:16x16": lambda m: convert(m, "bsr:16x16"),
+    "bsr:3x5": lambda m: convert(m, "bsr:3x5"),
+    "ell": lambda m: convert(m, "ell"),
+    "hyb(auto)": lambda m: convert(m, "hyb"),
+    "hyb(4;1..32)": lambda m: convert(m, "hyb", col_parts=4, buckets=(1, 2, 4, 8, 16, 32)),
+    "bsr+csr(4x4,.3)": lambda m: convert(m, "bsr+csr", block=(4, 4), block_fill=0.3),
+    "nm 2:4": lambda m: convert(nm_project(m, 2, 4), "nm", n=2, m=4),
+    "nm 1:8": lambda m: convert(nm_project(m, 1, 8), "nm", n=1, m=8),
+    "nm 2:4 v4": lambda m: convert(nm_project(m, 2, 4, 4), "nm", n=2, m=4, vec=4),
+    **{f"srbcrs v{v} {dt}": (lambda m, v=v, dt=dt: convert(
+        _int_matrix(m, 8 if dt == "int8" else 4) if dt.startswith("int") else _fp16_values(m),
+        "srbcrs", vec=v, dtype=dt)) for v in (2, 4, 8) for dt in ("int8", "int4", "float16")},
+}
 
 
 def odd_matrix(seed=0):
@@ -71,15 +120,13 @@ def powerlaw_matrix(n, mean_len, seed=0, max_len=2000):
     return m
 
 
-def matrices():
+def matrices(small=False):
     pg = sp.load_npz(os.path.join(HERE, "..", "sparsec", "data", "power_grid.npz")).astype(np.float32)
     pg.data = np.random.default_rng(5).standard_normal(pg.nnz).astype(np.float32)
-    return {
-        "odd_4097x3001": odd_matrix(),
-        "power_grid": pg,
-        "uniform_100k": uniform_matrix(100_000, 500_000),
-        "powerlaw_100k": powerlaw_matrix(100_000, 8),
-    }
+    out = {"odd_4097x3001": odd_matrix(), "power_grid": pg}
+    if not small:
+        out.update({"uniform_100k": uniform_matrix(100_000, 500_000), "powerlaw_100k": powerlaw_matrix(100_000, 8)})
+    return out
 
 
 def torch_csr64(inst, dev):
@@ -100,7 +147,7 @@ def torch_sddmm_ref(inst, X, Y):
     ok = torch.from_numpy(rows >= 0).to(X.device)
     r = torch.from_numpy(np.maximum(rows, 0)).to(X.device)
     c = torch.from_numpy(np.maximum(cols, 0)).to(X.device)
-    vals = torch.from_numpy(inst.data.astype(np.float64)).to(X.device)
+    vals = torch.from_numpy(inst.slot_values().astype(np.float64)).to(X.device)
     X64, Yt64 = X.double(), Y.double().t().contiguous()
     out = torch.empty(inst.stored, dtype=torch.float64, device=X.device)
     step = 1 << 21
@@ -124,14 +171,38 @@ def rel_err(out, ref):
     return norm, worst
 
 
-def errs(out, ref):
+def errs(out, ref, kind):
+    if kind.startswith("int"):  # integer kernels must be exact
+        if out.dtype.is_floating_point and torch.isnan(out).any():
+            return {"err": float("inf"), "max_elem_err": float("inf")}
+        d = (out.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
+        return {"err": d, "max_elem_err": d}
     norm, worst = rel_err(out, ref)
     return {"err": norm, "max_elem_err": worst}
 
 
+def dtype_kind(inst) -> str:
+    return inst.value_dtype if inst.value_dtype in ("int8", "int4", "float16") else "float32"
+
+
+def dense_input(kernel, i, shape, rng, dev):
+    """A random dense operand in the kernel's dtype: small integers for integer kernels."""
+    dtype = kernel.inputs[i].dtype
+    if dtype.startswith("int"):
+        return torch.randint(-8, 8, shape, device=dev, generator=rng, dtype=getattr(torch, dtype))
+    return torch.randn(shape, device=dev, generator=rng).to(getattr(torch, dtype))
+
+
 def main():
-    dev = torch.device("cuda")
-    gpu = torch.cuda.get_device_name(0)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="cuda", help="cuda (default) or llvm: a CPU dry run of this script")
+    ap.add_argument("--small", action="store_true", help="only the two small matrices")
+    args = ap.parse_args()
+    cuda = args.target != "llvm"
+    dev = torch.device("cuda" if cuda else "cpu")
+    gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     out_dir = os.environ.get("OUT", ".")
     rng = torch.Generator(device=dev).manual_seed(0)
     rows, kernels = [], {}
@@ -140,42 +211,46 @@ def main():
         key = (opname, inst.format.spec, feat)
         if key not in kernels:
             t0 = time.perf_counter()
-            kernels[key] = sparsec.compile(op, inst, target="cuda", **({"feat": feat} if feat else {}))
+            kernels[key] = sparsec.compile(op, inst, target=args.target, **({"feat": feat} if feat else {}))
             kernels[key].extra["wall_compile_s"] = time.perf_counter() - t0
         return kernels[key]
 
-    faulthandler.dump_traceback_later(90, repeat=True)  # a hung kernel shows where it hangs
-    for mname, m in matrices().items():
-        for spec in FORMATS:
+    faulthandler.dump_traceback_later(120, repeat=True)  # a hung kernel shows where it hangs
+    for mname, m in matrices(args.small).items():
+        for label, make_inst in FORMATS.items():
             t0 = time.perf_counter()
-            inst = convert(m, spec)
+            inst = make_inst(m)
             conv = time.perf_counter() - t0
+            kind = dtype_kind(inst)
             for feat in (64, 17):
-                B = torch.randn(m.shape[1], feat, device=dev, generator=rng)
                 k = kernel("spmm", "spmm", inst, feat)
+                B = dense_input(k, 0, (m.shape[1], feat), rng, dev)
                 got = k(inst, B, poison=True)
                 ref, how = torch_spmm_ref(inst, B)
-                rows.append(dict(op="spmm", matrix=mname, format=inst.format.spec, feat=feat, rows=m.shape[0],
-                                 nnz=int(m.nnz), stored=inst.stored, **errs(got, ref), reference=how,
-                                 conversion_s=conv, knobs=k.knobs))
-                X = torch.randn(m.shape[0], feat, device=dev, generator=rng)
-                Y = torch.randn(feat, m.shape[1], device=dev, generator=rng)
+                rows.append(dict(op="spmm", matrix=mname, format=label, spec=inst.format.spec, kind=kind, feat=feat,
+                                 rows=m.shape[0], nnz=int(m.nnz), stored=inst.stored, **errs(got, ref, kind),
+                                 reference=how, conversion_s=conv, knobs=k.knobs))
                 k = kernel("sddmm", "sddmm", inst, feat)
+                X = dense_input(k, 0, (m.shape[0], feat), rng, dev)
+                Y = dense_input(k, 1, (feat, m.shape[1]), rng, dev)
                 got = k(inst, X, Y, poison=True)
                 ref, how = torch_sddmm_ref(inst, X, Y)
-                rows.append(dict(op="sddmm", matrix=mname, format=inst.format.spec, feat=feat, rows=m.shape[0],
-                                 nnz=int(m.nnz), stored=inst.stored, **errs(got, ref), reference=how,
-                                 knobs=k.knobs))
-            for name, (make, ref_fn) in TEST_OPS.items():
-                k = kernel(name, make(), inst, None)
-                got = k(inst, poison=True)
-                ref = torch.from_numpy(ref_fn(inst)).to(dev)
-                rows.append(dict(op=name, matrix=mname, format=inst.format.spec, feat=0, rows=m.shape[0],
-                                 nnz=int(m.nnz), stored=inst.stored, **errs(torch.as_tensor(got).to(dev), ref),
-                                 reference="scipy float64", knobs=k.knobs))
-            torch.cuda.synchronize()
-            print(f"{mname:14s} {spec:10s} done ({inst.stored} slots, worst err "
-                  f"{max(r['err'] for r in rows[-6:]):.1e})", flush=True)
+                rows.append(dict(op="sddmm", matrix=mname, format=label, spec=inst.format.spec, kind=kind, feat=feat,
+                                 rows=m.shape[0], nnz=int(m.nnz), stored=inst.stored, **errs(got, ref, kind),
+                                 reference=how, knobs=k.knobs))
+            if kind == "float32":  # the test-only row-wise operators, in float32
+                for name, (make, ref_fn) in TEST_OPS.items():
+                    k = kernel(name, make(), inst, None)
+                    got = k(inst, poison=True)
+                    ref = torch.from_numpy(ref_fn(inst)).to(dev)
+                    rows.append(dict(op=name, matrix=mname, format=label, spec=inst.format.spec, kind=kind, feat=0,
+                                     rows=m.shape[0], nnz=int(m.nnz), stored=inst.stored,
+                                     **errs(torch.as_tensor(got).to(dev), ref, kind), reference="scipy float64",
+                                     knobs=k.knobs))
+            if cuda:
+                torch.cuda.synchronize()
+            print(f"{mname:14s} {label:16s} done ({inst.stored} slots, worst err "
+                  f"{max(r['err'] for r in rows if r['matrix'] == mname and r['format'] == label):.1e})", flush=True)
             del inst
         with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
             json.dump({"device": gpu, "partial": True, "rows": rows}, f)
@@ -185,19 +260,21 @@ def main():
     with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
         json.dump({"device": gpu, "torch": torch.__version__, "rows": rows,
                    "compile_s_median": float(np.median(compile_s))}, f, indent=1)
-    bad = [r for r in rows if not r["err"] < TOL]
+    bad = [r for r in rows if not r["err"] <= TOL[r["kind"]]]
     print(f"\nGPU: {gpu}; {len(kernels)} kernels compiled (median {np.median(compile_s):.2f} s each)")
     print("rel_err = ||out - ref|| / ||ref||;  max_elem = max|out - ref| / max|ref|; worst format per op x matrix")
-    print(f"{'op':12s} {'matrix':14s} {'format':10s} {'feat':>4s} {'rows':>7s} {'nnz':>8s} {'rel_err':>9s} {'max_elem':>9s}")
-    worst = {}
+    print("integer kernels: max |out - ref| (must be 0); worst per op x format over all matrices and feature widths")
+    print(f"{'op':12s} {'format':16s} {'kind':8s} {'checks':>6s} {'rel_err':>9s} {'max_elem':>9s}  worst on")
+    worst, count = {}, {}
     for r in rows:
-        key = (r["op"], r["matrix"])
+        key = (r["op"], r["format"])
+        count[key] = count.get(key, 0) + 1
         if key not in worst or r["err"] > worst[key]["err"]:
             worst[key] = r
-    for r in worst.values():
-        print(f"{r['op']:12s} {r['matrix']:14s} {r['format']:10s} {r['feat']:4d} {r['rows']:7d} {r['nnz']:8d} "
-              f"{r['err']:9.2e} {r['max_elem_err']:9.2e}")
-    print(f"\n{len(rows)} checks (worst per op x matrix shown), {len(bad)} above {TOL}")
+    for key, r in worst.items():
+        print(f"{r['op']:12s} {r['format']:16s} {r['kind']:8s} {count[key]:6d} {r['err']:9.2e} {r['max_elem_err']:9.2e}"
+              f"  {r['matrix']} feat {r['feat']}")
+    print(f"\n{len(rows)} checks, {len(bad)} above tolerance {TOL}")
     for r in bad:
         print("  FAIL", r)
     return 1 if bad else 0

@@ -83,10 +83,12 @@ class SparseFixed(Axis):
 
 @dataclass(frozen=True)
 class SparseVariable(Axis):
-    """CSR-like: a per-parent count from ``indptr`` and coordinates from ``indices``."""
+    """CSR-like: a per-parent count from ``indptr`` and coordinates from ``indices``.
+    ``padded``: some slots are padding with index -1 (SR-BCRS pads rows to the MMA k)."""
 
     indptr: str = "indptr"
     indices: str = "indices"
+    padded: bool = False
     variable: ClassVar[bool] = True
     sparse: ClassVar[bool] = True
 

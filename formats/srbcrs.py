@@ -9,7 +9,7 @@ float16, 32 for int4). Padding slots have column index -1 and value 0.
 Axis chain (what lowering reads)::
 
     DenseFixed("io", dim=0, scale=V)                        vector rows (m_vec, run-time)
-    SparseVariable("j", dim=1, indptr="indptr", indices="indices")   column slots
+    SparseVariable("j", dim=1, indptr="indptr", indices="indices", padded=True)   column slots (-1 = padding)
     DenseFixed("ii", dim=0, extent=V)                       row within the vector
 
 Arrays (all C-contiguous 1-D int32):
@@ -140,7 +140,7 @@ def declare(vec=None, dtype=None) -> Format:
     stride = STRIDES[d]
     return Format(NAME, (
         DenseFixed("io", dim=0, scale=v),
-        SparseVariable("j", dim=1, indptr="indptr", indices="indices"),
+        SparseVariable("j", dim=1, indptr="indptr", indices="indices", padded=True),
         DenseFixed("ii", dim=0, extent=v),
     ), (("vec", v), ("dtype", d)), value_chunk=stride, value_bits=4 if d == "int4" else 0)
 
