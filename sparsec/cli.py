@@ -3,7 +3,16 @@
     sparsec run spmm --format csr --feat 64 --target llvm --check      # embedded matrix
     sparsec run sddmm --format bsr:4x4 --random 3000,2000,0.01 --feat 32 --json
     sparsec build spmm --format ell:8 --feat 64 --target cuda:sm_90a --emit-source
+    sparsec run spmm --format hyb --col-parts 4 --buckets 1,2,4,8 --random 20000,20000,0.001 --check
+    sparsec run spmm --format nm --n 2 --m 4 --random 3000,2000,0.01 --check      # pruned to 2:4
+    sparsec run sddmm --format srbcrs --vec 8 --dtype int8 --random 3000,2000,0.01 --check  # quantized
     sparsec ops | sparsec formats
+    sparsec formats --describe nm [--n 2 --m 4] [--random 300,200,0.02 [--json]]
+
+nm matrices are pruned by magnitude to N:M first, and srbcrs int8/int4 matrices are
+quantized (symmetric, per tensor) unless their values already are integers in range;
+the summary and JSON say so (``pruned``, ``quantized``, ``scale``). Integer kernels take
+random integer dense inputs in [-8, 7] and ``--check`` wants them exact.
 
 Library errors (ValueError, TypeError) print ``sparsec: error: ...`` and exit 2
 (``--debug`` shows the traceback); a failed ``--check`` exits 1.
@@ -15,30 +24,105 @@ import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import build, datasets, formats, ops, reference
+from . import inspect as sinspect
 from .dtypes import dtype_spec
+from .formats.composite import CompositeInstance
 
-TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-5}
+TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-5, "int8": 0.0, "int4": 0.0}
+INT_DENSE_RANGE = (-8, 7)  # dense inputs of integer kernels: random integers in this range
+PRUNE_DENSE_LIMIT = 1 << 22  # nm: formats.nm.prune (which densifies) up to this many rows * cols
+
+# CLI option (attribute) -> (format knob, families that take it); --block and --dtype are special
+KNOB_OPTIONS = {
+    "width": ("width", ("ell",)),
+    "col_parts": ("col_parts", ("hyb",)),
+    "buckets": ("buckets", ("hyb",)),
+    "n": ("n", ("nm",)),
+    "m": ("m", ("nm",)),
+    "vec": ("vec", ("nm", "srbcrs")),
+    "block_fill": ("block_fill", ("bsr+csr",)),
+}
 
 
 # ---- shared helpers --------------------------------------------------------------------------
-def _format_spec(args):
-    """(spec, params) from --format plus --block/--width; params still None need a matrix."""
+def _format_spec(args, declare_only=False):
+    """(spec, params, dtype) from --format plus the knob options and --dtype; params still
+    None need a matrix (or are errors the family reports). ``declare_only`` (describing a
+    family) leaves unset what describe_format fills with an example."""
     module, params = formats.parse_spec(args.format)
+    name = module.NAME
     extra = {}
     if args.block is not None:
-        extra["block"] = formats.bsr.parse_spec(args.block)["block"]
-    if args.width is not None:
-        extra["width"] = args.width
-    for name in extra:
-        if name not in params:
-            raise ValueError(f"--{name} does not apply to format {module.NAME}")
+        if name not in ("bsr", "bsr+csr"):
+            raise ValueError(f"--block does not apply to format {name} (it is for bsr and bsr+csr)")
+        extra["block"] = formats.bsr.parse_spec(args.block.lower().replace("/", "x"))["block"]
+    for opt, (knob, families) in KNOB_OPTIONS.items():
+        v = getattr(args, opt, None)
+        if v is None:
+            continue
+        if name not in families:
+            flag = "--" + opt.replace("_", "-")
+            raise ValueError(f"{flag} does not apply to format {name} (it is for {', '.join(families)})")
+        extra[knob] = v
     params.update(extra)
-    return args.format, params
+    if declare_only:
+        dtype = None if args.dtype is None else dtype_spec(args.dtype).name
+        if name == "srbcrs" and dtype is not None:
+            params["dtype"] = _dtype(args, name, params)
+        elif dtype is not None and dtype != "float32":
+            _dtype(args, name, params)  # integer dtypes: the srbcrs error
+        return args.format, params, dtype
+    dtype = _dtype(args, name, params)
+    if name == "srbcrs":
+        params["dtype"] = dtype
+    if name == "nm" and (params.get("n") is None or params.get("m") is None):
+        raise ValueError("nm needs --n N and --m M (e.g. --format nm --n 2 --m 4), or a spec like nm:2:4")
+    return args.format, params, dtype
+
+
+def _dtype(args, family, params):
+    """The kernel dtype: --dtype, else (srbcrs) the spec's precision, else float32."""
+    given = None if args.dtype is None else dtype_spec(args.dtype).name
+    if family == "srbcrs":
+        spec_dtype = params.get("dtype")
+        if given is not None and spec_dtype is not None and given != spec_dtype:
+            raise ValueError(f"--dtype {given} contradicts the spec's precision {spec_dtype} ({args.format})")
+        dtype = given or spec_dtype
+        if dtype not in formats.srbcrs.DTYPES:
+            raise ValueError(f"srbcrs needs --dtype int8, int4 or float16 (the SR-BCRS precisions), "
+                             f"got {dtype or 'none'}")
+        return dtype
+    dtype = given or "float32"
+    if dtype_spec(dtype).exact:
+        raise ValueError(f"integer kernels need --format srbcrs (--dtype {dtype} with format {family}); "
+                         f"e.g. --format srbcrs --vec 8 --dtype {dtype}")
+    return dtype
+
+
+def _buckets(text):
+    try:
+        vals = tuple(int(t) for t in text.replace("/", ",").split(",") if t.strip())
+    except ValueError:
+        vals = ()
+    if not vals or any(v < 1 or v & (v - 1) for v in vals):
+        raise argparse.ArgumentTypeError(f"should be powers of two separated by commas, like 1,2,4,8, got {text!r}")
+    return vals
+
+
+def _fraction(text):
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"should be a number >= 0 (e.g. 0.5), got {text!r}")
+    return v
 
 
 def _random_matrix(text):
@@ -68,11 +152,89 @@ def _matrix(args):
     return datasets.default_matrix(), 0, f"embedded {datasets.DEFAULT_MATRIX}"
 
 
+def nm_keep_sparse(matrix, n, m, vec=1):
+    """``formats.nm.prune``'s choice restricted to the stored entries of a sparse matrix,
+    without densifying it: in every window of M columns of every V-row vector keep the N
+    columns of largest L1 norm over the vector (NaN largest, ties to the lower column).
+    Returns a bool mask over the canonical CSR's entries and that CSR."""
+    c = formats.as_csr(matrix)
+    c = c.tocsr(copy=True)
+    c.sum_duplicates()
+    c.sort_indices()
+    rows = np.repeat(np.arange(c.shape[0], dtype=np.int64), np.diff(c.indptr))
+    cols = c.indices.astype(np.int64)
+    ncols = max(int(c.shape[1]), 1)
+    a = np.abs(c.data.astype(np.float64))
+    a[np.isnan(a)] = np.inf
+    ukey, which = np.unique((rows // vec) * ncols + cols, return_inverse=True)
+    which = which.reshape(-1)
+    score = np.bincount(which, weights=a, minlength=ukey.size) if ukey.size else np.zeros(0)
+    ucol = ukey % ncols
+    group = (ukey // ncols) * (-(-ncols // m)) + ucol // m
+    order = np.lexsort((ucol, -score, group))  # by window, then score descending, then column
+    g = group[order]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if g.size else np.zeros(0, np.int64)
+    start = np.repeat(first, np.diff(np.r_[first, g.size]))
+    keep_u = np.zeros(ukey.size, bool)
+    keep_u[order[(np.arange(g.size) - start) < n]] = True
+    return keep_u[which], c
+
+
+def _prune_nm(matrix, params, dtype):
+    """An N:M instance of ``matrix``'s largest entries (formats.nm.prune's rule) holding
+    only the source's kept entries (so nnz counts real entries), and the source nnz."""
+    n, m, vec = params["n"], params["m"], params.get("vec") or 1
+    rows, cols = matrix.shape
+    src = formats.as_csr(matrix)
+    if rows * cols <= PRUNE_DENSE_LIMIT:
+        _, keep = formats.nm.prune(src, n=n, m=m, vec=vec)
+        c = src.tocsr(copy=True)
+        c.sum_duplicates()
+        c.sort_indices()
+        kept = keep[np.repeat(np.arange(rows), np.diff(c.indptr)), c.indices]
+    else:  # prune densifies rows * cols values (and scores): select among the stored entries instead
+        kept, c = nm_keep_sparse(src, n, m, vec)
+    indptr = np.zeros(rows + 1, np.int64)
+    np.cumsum(np.bincount(np.repeat(np.arange(rows), np.diff(c.indptr))[kept], minlength=rows), out=indptr[1:])
+    pruned = sp.csr_matrix((c.data[kept], c.indices[kept], indptr), shape=c.shape)
+    return pruned, int(c.nnz)
+
+
+def _is_int_in_range(matrix, dtype):
+    lo, hi = formats.srbcrs.INT_RANGE[dtype]
+    d = formats.as_csr(matrix).data
+    with np.errstate(invalid="ignore"):
+        return bool(np.all((d == np.round(d)) & (d >= lo) & (d <= hi)))
+
+
+def _convert(args, matrix, spec, params, dtype):
+    """The instance (nm pruned, srbcrs int8/int4 quantized when needed) and what was done."""
+    info = {"pruned": False, "quantized": False, "scale": None, "source_nnz": None}
+    family = formats.parse_spec(spec)[0].NAME
+    if family == "nm":
+        matrix, info["source_nnz"] = _prune_nm(matrix, params, dtype)
+        info["pruned"] = True
+    if family == "srbcrs" and dtype in ("int8", "int4") and not _is_int_in_range(matrix, dtype):
+        info["source_nnz"] = int(formats.as_csr(matrix).nnz)
+        matrix, info["scale"] = formats.srbcrs.quantize(matrix, 8 if dtype == "int8" else 4)
+        info["quantized"] = True
+    kw = dict(params)
+    kw.setdefault("dtype", dtype)
+    return formats.convert(matrix, spec, **kw), info
+
+
 def _dense_inputs(kernel, A, seed):
     rng = np.random.default_rng(seed + 1)
-    sizes = {"rows": A.shape[0], "cols": A.shape[1], "n0": A.root_extent()}
-    return [rng.standard_normal(tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)).astype(kernel.dtype)
-            for p in kernel.inputs]
+    sizes = {"rows": A.shape[0], "cols": A.shape[1]}
+    out = []
+    for p in kernel.inputs:
+        shape = tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
+        if p.dtype.startswith("int"):
+            lo, hi = INT_DENSE_RANGE
+            out.append(rng.integers(lo, hi + 1, size=shape).astype(p.dtype))
+        else:
+            out.append(rng.standard_normal(shape).astype(p.dtype))
+    return out
 
 
 def _device_name(target):
@@ -85,57 +247,93 @@ def _jsonable(v):
     return v if not isinstance(v, float) or math.isfinite(v) else str(v)
 
 
+def _errors(out, ref, exact):
+    """(max_rel_err, max_abs_err); integer kernels are exact or have a relative error of at least
+    the reference's own (so an exact kernel reads 0.0)."""
+    o = np.asarray(out, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    rel = reference.max_rel_err(o, r)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(o - r)
+    ok = ~(np.isnan(o) & np.isnan(r))
+    abs_err = float(np.nanmax(diff[ok])) if ok.any() and not np.isnan(diff[ok]).any() else (
+        float("inf") if ok.any() else 0.0)
+    if exact and abs_err == 0.0:
+        rel = 0.0
+    return rel, abs_err
+
+
 # ---- subcommands -----------------------------------------------------------------------------
 def cmd_run(args):
-    dtype = dtype_spec(args.dtype).name
-    spec, params = _format_spec(args)
+    spec, params, dtype = _format_spec(args)
     matrix, seed, source = _matrix(args)
-    A = formats.convert(matrix, spec, dtype=dtype, **params)
-    stats = formats.module_for(A.format).stats(A)
-    kernel = build.compile(args.op, A, target=args.target, feat=args.feat)
+    A, info = _convert(args, matrix, spec, params, dtype)
+    desc = sinspect.describe(A)
+    kernel = build.compile(args.op, A, target=args.target, dtype=dtype, feat=args.feat)
+    exact = kernel.dtypes.exact
     ran = kernel.target.can_run()
-    err = run_ms = None
+    err = abs_err = run_ms = None
     if ran:
         dense = _dense_inputs(kernel, A, seed)
+        t0 = time.perf_counter()
+        out = kernel(A, *dense, poison=True)
+        once = time.perf_counter() - t0
         if args.check:
-            out = kernel(A, *dense, poison=True)
-            err = reference.max_rel_err(out, reference.REFERENCES[kernel.op_name](A, *dense))
+            err, abs_err = _errors(out, reference.REFERENCES[kernel.op_name](A, *dense), exact)
+        del out
         n = 5 if kernel.target.kind == "llvm" else 20
-        run_ms = kernel.time(A, *dense, number=n, repeat=5)["median_ms"]
+        n = max(1, min(n, int(0.2 / max(once, 1e-9))))  # slow kernels (large padded formats): fewer runs
+        run_ms = kernel.time(A, *dense, number=n, repeat=5 if once < 0.5 else 3)["median_ms"]
     tol = TOLERANCE[dtype]
     result = {
         "op": kernel.op_name, "format": A.format.spec, "target": kernel.target.name, "dtype": dtype,
-        "matrix": source, "rows": stats["rows"], "cols": stats["cols"], "nnz": stats["nnz"],
-        "stored": stats["stored"], "padding_ratio": stats["padding_ratio"], "feat": args.feat,
-        "ran": ran, "max_rel_err": err, "tolerance": tol if args.check else None,
+        "matrix": source, "rows": desc["shape"][0], "cols": desc["shape"][1], "nnz": desc["nnz"],
+        "stored": desc["stored"], "padding_ratio": desc["padding_ratio"], "bytes": desc["bytes"],
+        "parts": len(desc["parts"]), "feat": args.feat,
+        "ran": ran, "max_rel_err": err, "max_abs_err": abs_err, "tolerance": tol if args.check else None,
+        "exact": exact,
         "compile_s": kernel.compile_s, "conversion_s": A.conversion_s, "run_ms": run_ms,
-        "knobs": kernel.knobs, "device": _device_name(kernel.target) if ran else None,
+        "knobs": kernel.knobs, "device": _device_name(kernel.target) if ran else None, **info,
     }
     if args.json:
         print(json.dumps({k: _jsonable(v) for k, v in result.items()}, default=str))
     else:
         _print_summary(result, args.check)
-    if err is not None and not err <= tol:
-        print(f"sparsec: check failed: max_rel_err {err:.3g} > {tol:g}", file=sys.stderr)
+    if err is not None and not (abs_err == 0.0 if exact else err <= tol):
+        what = f"max_abs_err {abs_err:g} (integer kernels must be exact)" if exact else \
+            f"max_rel_err {err:.3g} > {tol:g}"
+        print(f"sparsec: check failed: {what}", file=sys.stderr)
         return 1
     return 0
 
 
 def _print_summary(r, check):
+    fmt = (f"{r['format']}: stored {r['stored']}, padding {r['padding_ratio']:.2f}x, {r['bytes']} bytes"
+           + (f", {r['parts']} parts" if r["parts"] > 1 else "")
+           + f", converted in {r['conversion_s'] * 1e3:.1f} ms")
+    matrix = f"{r['matrix']}: {r['rows']} x {r['cols']}, nnz {r['nnz']}"
+    if r["pruned"]:
+        matrix += f" (pruned by magnitude from {r['source_nnz']} entries)"
+    if r["quantized"]:
+        matrix += f" (quantized to {r['dtype']}, scale {r['scale']:.4g})"
     lines = [
         ("op", f"{r['op']} ({r['dtype']}, feat {r['feat']})"),
-        ("matrix", f"{r['matrix']}: {r['rows']} x {r['cols']}, nnz {r['nnz']}"),
-        ("format", f"{r['format']}: stored {r['stored']}, padding {r['padding_ratio']:.2f}x, "
-                   f"converted in {r['conversion_s'] * 1e3:.1f} ms"),
+        ("matrix", matrix),
+        ("format", fmt),
         ("target", f"{r['target']}" + (f" on {r['device']}" if r["ran"] else " (compiled only: cannot run here)")),
         ("compile", f"{r['compile_s']:.2f} s, knobs {r['knobs']}"),
     ]
     if r["ran"]:
         lines.append(("run", f"{r['run_ms']:.4f} ms (median)"))
     if check and r["ran"]:
-        ok = r["max_rel_err"] <= r["tolerance"]
-        lines.append(("check", f"max_rel_err {r['max_rel_err']:.3g} (tol {r['tolerance']:g}) "
-                               f"{'ok' if ok else 'FAILED'}"))
+        if r["exact"]:
+            ok = r["max_abs_err"] == 0.0
+            lines.append(("check", f"max_abs_err {r['max_abs_err']:g}, max_rel_err {r['max_rel_err']:.3g} "
+                                   f"(exact) {'ok' if ok else 'FAILED'}"))
+        else:
+            ok = r["max_rel_err"] <= r["tolerance"]
+            lines.append(("check", f"max_rel_err {r['max_rel_err']:.3g} (tol {r['tolerance']:g}) "
+                                   f"{'ok' if ok else 'FAILED'}"))
     for k, v in lines:
         print(f"{k:<8} {v}")
 
@@ -145,12 +343,11 @@ def cmd_build(args):
         raise ValueError("build needs -o FILE or --emit-source")
     if args.output is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise ValueError(f"the directory of -o {args.output!r} does not exist")
-    dtype = dtype_spec(args.dtype).name
-    spec, params = _format_spec(args)
+    spec, params, dtype = _format_spec(args)
     if args.matrix is None and args.random is None and None not in params.values():
         fmt = formats.make_format(spec, **params)  # fully given: no matrix needed
     else:
-        fmt = formats.convert(_matrix(args)[0], spec, dtype=dtype, **params)
+        fmt = _convert(args, _matrix(args)[0], spec, params, dtype)[0]
     kernel = build.compile(args.op, fmt, target=args.target, dtype=dtype, feat=args.feat)
     if args.emit_source:
         print(kernel.source())
@@ -169,8 +366,37 @@ def cmd_ops(args):
 
 
 def cmd_formats(args):
-    for name, desc in formats.families():
-        print(f"{name:<8} {desc}")
+    if args.describe is None:
+        given = [o for o in ("matrix", "random", "block", "dtype", *KNOB_OPTIONS) if getattr(args, o) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --describe FMT")
+        if args.json:
+            print(json.dumps([{"name": n, "description": d} for n, d in formats.families()]))
+            return 0
+        for name, desc in formats.families():
+            print(f"{name:<8} {desc}")
+        return 0
+    args.format = args.describe
+    if args.matrix is None and args.random is None:
+        _, params, _ = _format_spec(args, declare_only=True)
+        d = sinspect.describe_format(args.describe, **{k: v for k, v in params.items() if v is not None})
+        print(json.dumps(d) if args.json else sinspect.format_text(d))
+        return 0
+    spec, params, dtype = _format_spec(args)
+    matrix, _, source = _matrix(args)
+    A, info = _convert(args, matrix, spec, params, dtype)
+    d = sinspect.describe(A)
+    d.update(matrix=source, **info)
+    if args.json:
+        print(json.dumps({k: _jsonable(v) for k, v in d.items()}))
+        return 0
+    print(sinspect.instance_text(d))
+    notes = []
+    if info["pruned"]:
+        notes.append(f"pruned by magnitude from {info['source_nnz']} entries")
+    if info["quantized"]:
+        notes.append(f"quantized to {dtype}, scale {info['scale']:.4g}")
+    print(f"{'source':<9} {source}" + (f" ({'; '.join(notes)})" if notes else ""))
     return 0
 
 
@@ -185,17 +411,30 @@ def _positive_int(text):
     return v
 
 
-def _kernel_options(p):
-    p.add_argument("op", help="library operator (see 'sparsec ops')")
-    p.add_argument("--format", required=True, metavar="FMT", help="family or spec: csr, bsr:4x4, ell, ell:8")
-    p.add_argument("--block", metavar="RxC", help="BSR block shape, e.g. 4x4")
-    p.add_argument("--width", type=_positive_int, metavar="W", help="ELL width (slots per row)")
+def _format_options(p):
+    g = p.add_argument_group("format knobs")
+    g.add_argument("--block", metavar="RxC", help="bsr / bsr+csr block shape, e.g. 4x4")
+    g.add_argument("--width", type=_positive_int, metavar="W", help="ELL width (slots per row)")
+    g.add_argument("--col-parts", type=_positive_int, metavar="P", help="hyb column ranges (default automatic)")
+    g.add_argument("--buckets", type=_buckets, metavar="1,2,4,...", help="hyb bucket widths (default automatic)")
+    g.add_argument("--n", type=_positive_int, metavar="N", help="nm: slots kept per window")
+    g.add_argument("--m", type=_positive_int, metavar="M", help="nm: window width in columns")
+    g.add_argument("--vec", type=_positive_int, metavar="V", help="nm (1..32) / srbcrs (2, 4, 8) row vector size")
+    g.add_argument("--block-fill", type=_fraction, metavar="F", help="bsr+csr: fill at which a block goes to BSR")
+    g.add_argument("--dtype", default=None, help="value dtype: float32 (default), float64, float16; "
+                                                 "srbcrs also int8, int4")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--matrix", metavar="FILE.npz", help="scipy.sparse.save_npz file (default: embedded matrix)")
     src.add_argument("--random", metavar="ROWS,COLS,DENSITY[,SEED]", help="scipy.sparse.random matrix, seed 0")
+
+
+def _kernel_options(p):
+    p.add_argument("op", help="library operator (see 'sparsec ops')")
+    p.add_argument("--format", required=True, metavar="FMT",
+                   help="family or spec: csr, bsr:4x4, ell, ell:8, hyb, nm, srbcrs, bsr+csr (see 'sparsec formats')")
+    _format_options(p)
     p.add_argument("--feat", type=_positive_int, default=64, metavar="N", help="dense feature width (default 64)")
     p.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_80 or cuda:sm_90a (default llvm)")
-    p.add_argument("--dtype", default="float32", help="value dtype: float32, float64, float16 (default float32)")
 
 
 def make_parser():
@@ -215,7 +454,12 @@ def make_parser():
     p.add_argument("--emit-source", action="store_true", help="print the CUDA / LLVM IR source")
     p.set_defaults(func=cmd_build)
     sub.add_parser("ops", parents=[common], help="list library operators").set_defaults(func=cmd_ops)
-    sub.add_parser("formats", parents=[common], help="list format families").set_defaults(func=cmd_formats)
+    p = sub.add_parser("formats", parents=[common], help="list format families, or describe one")
+    p.add_argument("--describe", metavar="FMT", help="a family or spec: its axis chain and knobs; with --matrix "
+                                                     "or --random, the converted matrix")
+    _format_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_formats)
     return parser
 
 

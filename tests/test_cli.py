@@ -151,3 +151,211 @@ def test_console_script():
     res = subprocess.run(cmd + ["run", "spmm", "--format", "csr", "--random", "bad", "--feat", "8"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and res.stderr.startswith("sparsec: error:") and "Traceback" not in res.stderr
+
+
+# ---- new formats and knobs: hyb, nm, srbcrs, bsr+csr ---------------------------------------------
+MID = "2000,1500,0.01"
+NEW_FORMATS = {
+    "hyb": ["--format", "hyb"],
+    "hyb-4": ["--format", "hyb", "--col-parts", "4", "--buckets", "1,2,4,8,16,32"],
+    "nm-2:4": ["--format", "nm", "--n", "2", "--m", "4"],
+    "nm-1:8": ["--format", "nm", "--n", "1", "--m", "8"],
+    "srbcrs-int8": ["--format", "srbcrs", "--vec", "8", "--dtype", "int8"],
+    "srbcrs-int4": ["--format", "srbcrs", "--vec", "8", "--dtype", "int4"],
+    "bsr+csr": ["--format", "bsr+csr", "--block", "4x4", "--block-fill", "0.3"],
+}
+
+
+def test_issue_hyb_command(capsys):
+    """The issue's literal command (automatic col_parts and buckets)."""
+    r = run_json(capsys, "spmm", "--format", "hyb", "--random", "20000,20000,0.001", "--feat", "64",
+                 "--target", "llvm", "--check")
+    assert (r["rows"], r["cols"], r["nnz"]) == (20000, 20000, 400000)
+    assert r["format"].startswith("hyb:") and r["parts"] >= 1 and r["max_rel_err"] < 1e-5
+    assert 1.0 <= r["padding_ratio"] < 2.0 and r["stored"] >= r["nnz"] and r["bytes"] > 0
+
+
+@pytest.mark.parametrize("op", ["spmm", "sddmm"])
+@pytest.mark.parametrize("name", list(NEW_FORMATS))
+def test_issue_new_formats(capsys, op, name):
+    r = run_json(capsys, op, *NEW_FORMATS[name], "--random", MID, "--feat", "32", "--target", "llvm", "--check")
+    for key in ("parts", "stored", "padding_ratio", "bytes", "pruned", "quantized", "max_abs_err"):
+        assert key in r
+    family = NEW_FORMATS[name][1]
+    assert r["format"].startswith(family + ":") and (r["rows"], r["cols"]) == (2000, 1500)
+    assert r["stored"] >= r["nnz"] > 0 and r["padding_ratio"] == pytest.approx(r["stored"] / r["nnz"])
+    assert r["bytes"] > 0 and r["parts"] >= 1
+    assert r["pruned"] is (family == "nm")
+    if name.startswith("srbcrs"):
+        assert r["exact"] is True and r["dtype"] == name.split("-")[1]
+        assert r["max_abs_err"] == 0.0 and r["max_rel_err"] == 0.0 and r["tolerance"] == 0.0
+        assert r["quantized"] is True and r["scale"] > 0
+    else:
+        assert r["exact"] is False and r["max_rel_err"] < 1e-5 and r["quantized"] is False
+    if name == "hyb-4":
+        assert "col_parts=4" in r["format"] and "buckets=1/2/4/8/16/32" in r["format"] and r["parts"] > 1
+    if family == "nm":
+        n, m = (int(x) for x in name.split("-")[1].split(":"))
+        assert r["stored"] == 2000 * -(-1500 // m) * n and r["nnz"] <= r["source_nnz"] == 30000
+
+
+def test_nm_pruning_matches_prune():
+    """The CLI's sparse selection (large matrices) is formats.nm.prune's rule on the stored entries."""
+    from sparsec.formats import nm
+
+    for vec, (n, m) in ((1, (2, 4)), (1, (1, 8)), (4, (2, 4)), (2, (3, 8))):
+        a = sp.random(61, 53, 0.3, format="csr", dtype=np.float32, random_state=np.random.default_rng(vec + n))
+        a.data[::7] *= -1
+        keep, c = cli.nm_keep_sparse(a, n, m, vec)
+        _, mask = nm.prune(a, n=n, m=m, vec=vec)
+        rows = np.repeat(np.arange(61), np.diff(c.indptr))
+        np.testing.assert_array_equal(keep, mask[rows, c.indices])
+        small, src = cli._prune_nm(a, {"n": n, "m": m, "vec": vec}, "float32")
+        assert src == a.nnz and small.nnz == keep.sum()
+        old = cli.PRUNE_DENSE_LIMIT
+        try:
+            cli.PRUNE_DENSE_LIMIT = 0  # force the sparse path
+            large, _ = cli._prune_nm(a, {"n": n, "m": m, "vec": vec}, "float32")
+        finally:
+            cli.PRUNE_DENSE_LIMIT = old
+        assert (large != small).nnz == 0
+        nm.from_matrix(large, n=n, m=m, vec=vec)  # really N:M
+
+
+def test_nm_summary_says_pruned(capsys):
+    assert cli.main(["run", "spmm", "--format", "nm", "--n", "2", "--m", "4", "--vec", "4", "--random", SMALL,
+                     "--feat", "8", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "pruned by magnitude" in out and "nm:2,4,4" in out and "ok" in out
+
+
+def test_integer_exact_and_already_integer_matrix(capsys, tmp_path):
+    # integer values in range are used as they are (no quantization)
+    m = sp.random(90, 70, 0.1, format="csr", dtype=np.float64, random_state=4)
+    m.data = np.rint(m.data * 14 - 7)
+    path = tmp_path / "q.npz"
+    sp.save_npz(path, m)
+    for dt in ("int8", "int4"):
+        r = run_json(capsys, "sddmm", "--format", "srbcrs", "--vec", "4", "--dtype", dt, "--matrix", str(path),
+                     "--feat", "8", "--check")
+        assert r["quantized"] is False and r["scale"] is None and r["nnz"] == m.nnz
+        assert r["max_abs_err"] == 0.0 and r["max_rel_err"] == 0.0
+    assert cli.main(["run", "spmm", "--format", "srbcrs:v2,int8", "--random", SMALL, "--feat", "8", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "quantized to int8" in out and "max_abs_err 0" in out and "(exact) ok" in out
+
+
+def test_integer_mismatch_fails(capsys, monkeypatch):
+    """Integer kernels must match exactly: an off-by-one reference fails the check (exit 1)."""
+    from sparsec import reference
+
+    real = reference.REFERENCES["spmm"]
+    monkeypatch.setitem(reference.REFERENCES, "spmm", lambda A, B: real(A, B) + (np.arange(B.shape[1]) == 0))
+    code = cli.main(["run", "spmm", "--format", "srbcrs", "--vec", "8", "--dtype", "int8", "--random", SMALL,
+                     "--feat", "8", "--check", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "exact" in err
+    r = json.loads(out)
+    assert r["max_abs_err"] == 1.0 and 0 < r["max_rel_err"] < 1e-2  # within a float tolerance, still a failure
+
+
+def test_new_format_errors(capsys):
+    base = ["--random", SMALL, "--feat", "8"]
+    for fmt in (["--format", "csr"], ["--format", "hyb"], ["--format", "nm", "--n", "2", "--m", "4"]):
+        for dt in ("int8", "int4"):
+            fails(capsys, ["run", "spmm", *fmt, "--dtype", dt, *base], "integer kernels need --format srbcrs")
+    fails(capsys, ["build", "spmm", "--format", "bsr+csr", "--dtype", "int8", "--emit-source"], "--format srbcrs")
+    fails(capsys, ["run", "spmm", "--format", "srbcrs", "--vec", "8", *base], "srbcrs needs --dtype int8, int4")
+    fails(capsys, ["run", "spmm", "--format", "srbcrs", "--vec", "8", "--dtype", "float32", *base], "srbcrs needs")
+    fails(capsys, ["run", "spmm", "--format", "srbcrs:v8,int8", "--dtype", "int4", *base], "contradicts")
+    fails(capsys, ["run", "spmm", "--format", "srbcrs", "--vec", "3", "--dtype", "int8", *base], "vec (V)")
+    fails(capsys, ["run", "spmm", "--format", "nm", "--n", "2", *base], "nm needs --n N and --m M")
+    fails(capsys, ["run", "spmm", "--format", "nm", "--n", "4", "--m", "4", *base], "1 <= N < M")
+    fails(capsys, ["run", "spmm", "--format", "csr", "--n", "2", *base], "--n does not apply to format csr")
+    fails(capsys, ["run", "spmm", "--format", "ell", "--col-parts", "2", *base], "--col-parts does not apply")
+    fails(capsys, ["run", "spmm", "--format", "hyb", "--block-fill", "0.5", *base], "--block-fill does not apply")
+    fails(capsys, ["run", "spmm", "--format", "hyb", "--block", "2x2", *base], "--block does not apply")
+    fails(capsys, ["run", "spmm", "--format", "csr", "--vec", "2", *base], "--vec does not apply")
+    assert cli.main(["run", "spmm", "--format", "hyb", "--buckets", "1,3", *base]) == 2  # argparse
+    assert "powers of two" in capsys.readouterr().err
+    assert cli.main(["run", "spmm", "--format", "bsr+csr", "--block-fill", "-1", *base]) == 2
+    fails(capsys, ["formats", "--random", SMALL], "needs --describe")
+
+
+def test_build_new_formats(capsys, tmp_path):
+    # fully given knobs: no matrix needed
+    assert cli.main(["build", "spmm", "--format", "nm", "--n", "2", "--m", "4", "--feat", "16", "--emit-source"]) == 0
+    assert "define" in capsys.readouterr().out
+    path = tmp_path / "k.so"
+    assert cli.main(["build", "sddmm", "--format", "srbcrs", "--vec", "4", "--dtype", "int4", "--feat", "16",
+                     "-o", str(path)]) == 0
+    assert path.stat().st_size > 0 and "srbcrs:4,int4" in capsys.readouterr().out
+    # automatic hyb knobs come from a matrix (quantization/pruning as in run)
+    assert cli.main(["build", "spmm", "--format", "hyb", "--random", SMALL, "--feat", "16", "--emit-source"]) == 0
+    assert "define" in capsys.readouterr().out
+    assert cli.main(["build", "spmm", "--format", "nm", "--n", "1", "--m", "8", "--random", SMALL, "--feat", "16",
+                     "--emit-source"]) == 0
+    capsys.readouterr()
+
+
+# ---- formats --describe ------------------------------------------------------------------------
+DESCRIBE_KNOBS = {
+    "csr": [], "bsr": ["--block", "3x5"], "ell": [], "nm": ["--n", "2", "--m", "4"],
+    "srbcrs": ["--vec", "4", "--dtype", "int8"], "rell": [], "hyb": ["--col-parts", "2"],
+    "bsr+csr": ["--block", "4x4", "--block-fill", "0.25"],
+}
+
+
+@pytest.mark.parametrize("family", list(DESCRIBE_KNOBS))
+def test_formats_describe_family(capsys, family):
+    assert cli.main(["formats", "--describe", family]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"family    {family}:") and "knobs" in out and "values" in out
+    assert "DenseFixed" in out or "SparseFixed" in out
+    assert cli.main(["formats", "--describe", family, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["name"] == family and d["description"] and d["parts"]
+    for part in d["parts"]:
+        assert part["axes"] and {"name", "kind", "dim", "scale", "flags"} <= set(part["axes"][0])
+        assert set(part["value_layout"]) == {"chunk", "bits"}
+    assert d["composite"] is (family in ("hyb", "bsr+csr"))
+    if DESCRIBE_KNOBS[family] and family != "hyb":
+        assert cli.main(["formats", "--describe", family, *DESCRIBE_KNOBS[family], "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["example"] is False
+
+
+@pytest.mark.parametrize("family", [f for f in DESCRIBE_KNOBS if f != "rell"])
+def test_formats_describe_matrix(capsys, family):
+    argv = ["formats", "--describe", family, *DESCRIBE_KNOBS[family], "--random", SMALL]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stored" in out and "padding" in out and "bytes" in out and "parts" in out and "converted" in out
+    assert cli.main(argv + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["shape"] == [300, 200] and d["family"] == family and d["bytes"] > 0
+    assert d["padding_ratio"] == pytest.approx(d["stored"] / d["nnz"])
+    assert sum(p["stored"] for p in d["parts"]) == d["stored"] and sum(p["nnz"] for p in d["parts"]) == d["nnz"]
+    assert d["pruned"] is (family == "nm") and d["quantized"] is (family == "srbcrs")
+    if family == "hyb":
+        assert "col_parts=2" in d["format"] and len(d["parts"]) > 1
+
+
+def test_formats_list_json(capsys):
+    assert cli.main(["formats", "--json"]) == 0
+    names = [f["name"] for f in json.loads(capsys.readouterr().out)]
+    assert names == ["csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr+csr"]
+
+
+@pytest.mark.parametrize("op", ["spmm", "sddmm"])
+def test_bsr_csr_two_parts(capsys, tmp_path, op):
+    """A matrix with dense 4x4 blocks and scattered entries splits into a BSR and a CSR part."""
+    rng = np.random.default_rng(5)
+    m = sp.random(400, 300, 0.005, format="lil", dtype=np.float32, random_state=rng)
+    for br, bc in zip(rng.integers(0, 100, 40), rng.integers(0, 75, 40)):
+        m[4 * br:4 * br + 4, 4 * bc:4 * bc + 4] = rng.standard_normal((4, 4))
+    path = tmp_path / "blocks.npz"
+    sp.save_npz(path, m.tocsr())
+    r = run_json(capsys, op, "--format", "bsr+csr", "--block", "4x4", "--block-fill", "0.3", "--matrix", str(path),
+                 "--feat", "16", "--check")
+    assert r["parts"] == 2 and r["format"].endswith("[bsr:4x4+csr]") and r["max_rel_err"] < 1e-5
