@@ -205,7 +205,7 @@ def main():
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     out_dir = os.environ.get("OUT", ".")
     rng = torch.Generator(device=dev).manual_seed(0)
-    rows, kernels = [], {}
+    rows, kernels, unsupported = [], {}, []
 
     def kernel(opname, op, inst, feat):
         key = (opname, inst.format.spec, feat)
@@ -242,7 +242,13 @@ def main():
                                  reference=how, knobs=k.knobs))
             if kind == "float32":  # the test-only row-wise operators, in float32
                 for name, (make, ref_fn) in TEST_OPS.items():
-                    k = kernel(name, make(), inst, None)
+                    try:
+                        k = kernel(name, make(), inst, None)
+                    except ValueError as e:  # a max over rows that repeat (hyb's split rows): no atomic max
+                        if "atomic" not in str(e):
+                            raise
+                        unsupported.append(f"{name} on {label} ({mname}): {e}")
+                        continue
                     got = k(inst, poison=True)
                     ref = torch.from_numpy(ref_fn(inst)).to(dev)
                     rows.append(dict(op=name, matrix=mname, format=label, spec=inst.format.spec, kind=kind, feat=0,
@@ -277,6 +283,8 @@ def main():
         print(f"{r['op']:12s} {r['format']:16s} {r['kind']:8s} {count[key]:6d} {r['err']:9.2e} {r['max_elem_err']:9.2e}"
               f"  {r['matrix']} feat {r['feat']}")
     print(f"\n{len(rows)} checks, {len(bad)} above tolerance {TOL}")
+    for u in unsupported:
+        print("  not compiled (by design):", u[:160])
     for r in bad:
         print("  FAIL", r)
     return 1 if bad else 0

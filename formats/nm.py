@@ -252,7 +252,8 @@ def prune(dense_or_sparse, *, n, m, vec=1, dtype=None):
     """Magnitude pruning to N:M: in every window keep the N columns of largest |value|
     (vector-wise: largest L1 norm over the V rows of the vector); ties go to the lower
     column, NaN counts as largest. Returns ``(instance, keep)`` with ``keep`` a dense bool
-    mask of the input's shape. Kept zeros occupy their slots (value 0)."""
+    mask of the input's shape. Positions that are zero in the input are never kept: a window
+    with fewer than N non-zeros keeps them all and pads the rest (index -1)."""
     t0 = time.perf_counter()
     n, m, vec = _params(n, m, vec)
     a = _densify(dense_or_sparse, dtype)
@@ -267,7 +268,7 @@ def prune(dense_or_sparse, *, n, m, vec=1, dtype=None):
     order = np.argsort(-score, axis=-1, kind="stable")[..., :n]
     keep = np.zeros(score.shape, bool)
     np.put_along_axis(keep, order, True, axis=-1)
-    keep &= score >= 0
+    keep &= score > 0  # zeros (and the edge) are not entries: a window short of N gets padding slots
     # pack: kept offsets ascending, then -1
     rank = np.cumsum(keep, axis=-1) - 1
     wid, off = np.nonzero(keep.reshape(nv * nw, m))

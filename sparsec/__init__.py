@@ -14,9 +14,9 @@ if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and _os.path.isfile
         _os.path.join(_root, "formats", "__init__.py")):
     __path__.append(_root)
 
-from . import dsl, formats, ops  # noqa: E402
+from . import dsl, formats, inspect, ops  # noqa: E402
 from .build import compile  # noqa: E402
 from .kernel import Kernel  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["compile", "Kernel", "dsl", "formats", "ops", "__version__"]
+__all__ = ["compile", "Kernel", "dsl", "formats", "inspect", "ops", "__version__"]

@@ -126,7 +126,7 @@ def assert_layout(inst, a, V, dtype):
 def test_declaration(V, dtype):
     f = make_format(f"srbcrs:v{V},{dtype}")
     assert f.axes == (DenseFixed("io", dim=0, scale=V),
-                      SparseVariable("j", dim=1, indptr="indptr", indices="indices"),
+                      SparseVariable("j", dim=1, indptr="indptr", indices="indices", padded=True),
                       DenseFixed("ii", dim=0, extent=V))
     assert f.params == (("vec", V), ("dtype", dtype))
     assert f.value_chunk == STRIDE[dtype]
