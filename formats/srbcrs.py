@@ -314,20 +314,8 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     if fmt.value_chunk != S or fmt.value_bits != (4 if d == "int4" else 0):
         raise ValueError(f"srbcrs format should declare value_chunk={S}, value_bits={4 if d == 'int4' else 0} "
                          f"for {d}, got value_chunk={fmt.value_chunk}, value_bits={fmt.value_bits}")
-    Vd.check_shape(inst.shape)
-    for n in ("indptr", "indices", "row_offsets"):
-        a = inst.arrays.get(n)
-        if a is None:
-            raise ValueError(f"arrays should contain {n!r} for format {fmt.spec}, got {sorted(inst.arrays)}")
-        if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous:
-            desc = f"{a.dtype.name} {a.ndim}-D" if isinstance(a, np.ndarray) else type(a).__name__
-            raise ValueError(f"{n} should be a contiguous 1-D int32 array, got {desc}")
+    Vd.check_instance_arrays(inst, ("indptr", "indices", "row_offsets"), value_dtypes=(DATA_DTYPES[d].name,))
     data = inst.data
-    if not isinstance(data, np.ndarray) or data.ndim != 1 or not data.flags.c_contiguous:
-        raise ValueError(f"data should be a contiguous 1-D array, got {getattr(data, 'shape', type(data).__name__)}")
-    if data.dtype != DATA_DTYPES[d]:
-        raise TypeError(f"data should be {DATA_DTYPES[d].name} for srbcrs {d}"
-                        f"{' (two int4 values per byte)' if d == 'int4' else ''}, got {data.dtype.name}")
     M, N = inst.shape
     mv = -(-M // v)
     indptr, indices, ro = inst.arrays["indptr"], inst.arrays["indices"], inst.arrays["row_offsets"]

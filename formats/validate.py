@@ -196,8 +196,9 @@ def check_sorted_rows(indptr: np.ndarray, indices: np.ndarray, what: str = "indi
         )
 
 
-def check_instance_arrays(inst, names) -> None:
-    """O(1) checks every format shares: arrays present, int32, 1-D, contiguous; data 1-D."""
+def check_instance_arrays(inst, names, value_dtypes=SUPPORTED_VALUE_DTYPES) -> None:
+    """O(1) checks every format shares: arrays present, int32, 1-D, contiguous; data 1-D and
+    of one of ``value_dtypes`` (SR-BCRS passes its own: int8 bytes for int8/int4)."""
     check_shape(inst.shape)
     for n in names:
         a = inst.arrays.get(n)
@@ -209,5 +210,5 @@ def check_instance_arrays(inst, names) -> None:
     d = inst.data
     if not isinstance(d, np.ndarray) or d.ndim != 1 or not d.flags.c_contiguous:
         raise ValueError(f"data should be a contiguous 1-D array, got {getattr(d, 'shape', type(d).__name__)}")
-    if d.dtype.name not in SUPPORTED_VALUE_DTYPES:
-        raise TypeError(f"value dtype should be one of {', '.join(SUPPORTED_VALUE_DTYPES)}, got {d.dtype.name}")
+    if d.dtype.name not in value_dtypes:
+        raise TypeError(f"value dtype should be one of {', '.join(value_dtypes)}, got {d.dtype.name}")

@@ -9,8 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tvm
@@ -18,6 +16,7 @@ import tvm
 import sparsec
 
 from conftest import SPECS
+from nvcc_tools import nvcc_many
 from dsl_ops import TEST_OPS
 
 OPS = ("spmm", "sddmm", "rowsum", "row_softmax")
@@ -64,24 +63,6 @@ def kernel_defs(src: str):
 def sources():
     """CUDA source of every (op, spec, arch), compiled once for the module."""
     return {(op, spec, arch): build(op, spec, arch).source() for op in OPS for spec in CUDA_SPECS for arch in ARCHS}
-
-
-def _nvcc(src: str, arch: str):
-    with tempfile.TemporaryDirectory(prefix="sparsec-nvcc-") as d:
-        cu, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
-        with open(cu, "w") as f:
-            f.write(src)
-        p = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", cubin],
-                           capture_output=True, text=True, timeout=300)
-        ok = p.returncode == 0 and os.path.isfile(cubin) and os.path.getsize(cubin) > 0
-        return ok, p.stdout + p.stderr
-
-
-def nvcc_many(jobs: dict) -> dict:
-    """nvcc every {key: (source, arch)} two at a time; {key: (ok, output)}."""
-    with ThreadPoolExecutor(2) as pool:
-        futs = {k: pool.submit(_nvcc, src, arch) for k, (src, arch) in jobs.items()}
-        return {k: f.result() for k, f in futs.items()}
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,6 +18,7 @@ import sparsec
 from sparsec.formats import convert, nm
 
 from dsl_ops import TEST_OPS
+from nvcc_tools import nvcc_many
 
 OPS = ("spmm", "sddmm")
 ARCHS = ("sm_80", "sm_90a")
@@ -79,25 +77,12 @@ def sources(kernels):
     return {key: k.source() for key, k in kernels.items()}
 
 
-def _nvcc(src: str, arch: str):
-    with tempfile.TemporaryDirectory(prefix="sparsec-nvcc-") as d:
-        cu, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
-        with open(cu, "w") as f:
-            f.write(src)
-        p = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", cubin],
-                           capture_output=True, text=True, timeout=300)
-        ok = p.returncode == 0 and os.path.isfile(cubin) and os.path.getsize(cubin) > 0
-        return ok, p.stdout + p.stderr
-
-
 @pytest.fixture(scope="module")
 def nvcc_results(sources):
     """nvcc every source for its architecture, two at a time."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    with ThreadPoolExecutor(2) as pool:
-        futs = {key: pool.submit(_nvcc, src, key[2]) for key, src in sources.items()}
-        return {key: f.result() for key, f in futs.items()}
+    return nvcc_many({key: (src, key[2]) for key, src in sources.items()})
 
 
 # ---------------------------------------------------------------- the instances are what the tests need

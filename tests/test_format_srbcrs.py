@@ -366,7 +366,7 @@ def test_check_catches_corruption():
         real = int(np.flatnonzero(srt[:S] >= 0)[1])
         pos = real if dtype != "int4" else int(srbcrs.SHUFFLE_DEST[real])
         expect(set_idx(pos, int(srt[0])), "strictly increasing")
-        expect(lambda ar, d: d.astype(np.float32), "data should be")
+        expect(lambda ar, d: d.astype(np.float32), "value dtype should be one of")
         expect(lambda ar, d: d[:-2], "data should have", full=False)
         expect(lambda ar, d: (ar.__setitem__("row_offsets", ar["row_offsets"][:-1]), d)[1], "row_offsets has",
                full=False)

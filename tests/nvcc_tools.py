@@ -1,0 +1,23 @@
+"""nvcc for the code-generation tests: compile TVM's CUDA source to a cubin, two at a time."""
+import os
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+
+def nvcc_compile(src: str, arch: str):
+    with tempfile.TemporaryDirectory(prefix="sparsec-nvcc-") as d:
+        cu, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
+        with open(cu, "w") as f:
+            f.write(src)
+        p = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", cubin],
+                           capture_output=True, text=True, timeout=300)
+        ok = p.returncode == 0 and os.path.isfile(cubin) and os.path.getsize(cubin) > 0
+        return ok, p.stdout + p.stderr
+
+
+def nvcc_many(jobs: dict) -> dict:
+    """nvcc every {key: (source, arch)} two at a time; {key: (ok, output)}."""
+    with ThreadPoolExecutor(2) as pool:
+        futs = {k: pool.submit(nvcc_compile, src, arch) for k, (src, arch) in jobs.items()}
+        return {k: f.result() for k, f in futs.items()}
