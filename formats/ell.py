@@ -99,21 +99,8 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     if inst.data.size != indices.size:
         raise ValueError(f"data should have one value per slot ({indices.size}), got {inst.data.size}")
     if full:
-        bad = np.flatnonzero((indices < -1) | (indices >= cols))
-        if bad.size:
-            k = int(bad[0])
-            raise ValueError(f"column index {int(indices[k])} in row {k // w} is out of range: "
-                             f"should be in [0, {cols}) or -1 (padding)")
-        grid = indices.reshape(rows, w).astype(np.int64)
-        pad = grid < 0
-        if w > 1:
-            real_after_pad = pad[:, :-1] & ~pad[:, 1:]
-            unsorted = ~pad[:, 1:] & (grid[:, 1:] <= grid[:, :-1]) & ~pad[:, :-1]
-            for what, mask in (("padding should follow a row's entries", real_after_pad),
-                               ("indices should be strictly increasing within each row", unsorted)):
-                r = np.flatnonzero(mask.any(axis=1))
-                if r.size:
-                    raise ValueError(f"{what}, got row {int(r[0])}: {grid[r[0]].tolist()[:16]}")
+        V.check_padded_slots(indices, w, cols, row="row")
+        pad = indices.reshape(rows, w) < 0
         if int((~pad).sum()) != inst.nnz:
             raise ValueError(f"nnz should be the number of non-padding slots {int((~pad).sum())}, got {inst.nnz}")
         if np.any(inst.data[pad.reshape(-1)] != 0):

@@ -182,21 +182,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
         vals, counts = np.unique(row_ids, return_counts=True)
         raise ValueError(f"row ids should be unique in a unique=True rell (use 'rell:{w},dup'), "
                          f"got row {int(vals[np.argmax(counts > 1)])} more than once")
-    bad = np.flatnonzero((col_ids < -1) | (col_ids >= N))
-    if bad.size:
-        k = int(bad[0])
-        raise ValueError(f"column index {int(col_ids[k])} in ELL row {k // w} is out of range: "
-                         f"should be in [0, {N}) or -1 (padding)")
-    grid = col_ids.reshape(n, w).astype(np.int64)
-    pad = grid < 0
-    if w > 1:
-        real_after_pad = pad[:, :-1] & ~pad[:, 1:]
-        unsorted = ~pad[:, 1:] & ~pad[:, :-1] & (grid[:, 1:] <= grid[:, :-1])
-        for what, mask in (("padding should follow an ELL row's entries", real_after_pad),
-                           ("indices should be strictly increasing within each ELL row", unsorted)):
-            r = np.flatnonzero(mask.any(axis=1))
-            if r.size:
-                raise ValueError(f"{what}, got ELL row {int(r[0])}: {grid[r[0]].tolist()[:16]}")
+    V.check_padded_slots(col_ids, w, N, row="ELL row")
     rows, cols = stored_coords(inst)
     ok = rows >= 0
     key = rows[ok] * max(N, 1) + cols[ok]

@@ -212,3 +212,23 @@ def check_instance_arrays(inst, names, value_dtypes=SUPPORTED_VALUE_DTYPES) -> N
         raise ValueError(f"data should be a contiguous 1-D array, got {getattr(d, 'shape', type(d).__name__)}")
     if d.dtype.name not in value_dtypes:
         raise TypeError(f"value dtype should be one of {', '.join(value_dtypes)}, got {d.dtype.name}")
+
+
+def check_padded_slots(indices: np.ndarray, width: int, cols: int, row: str = "row") -> None:
+    """ELL-style slots (``width`` per row): column indices in [0, cols), strictly increasing
+    within a row, then -1 padding after the row's entries."""
+    bad = np.flatnonzero((indices < -1) | (indices >= cols))
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(f"column index {int(indices[k])} in {row} {k // width} is out of range: "
+                         f"should be in [0, {cols}) or -1 (padding)")
+    grid = indices.reshape(-1, width).astype(np.int64)
+    pad = grid < 0
+    if width > 1:
+        real_after_pad = pad[:, :-1] & ~pad[:, 1:]
+        unsorted = ~pad[:, 1:] & ~pad[:, :-1] & (grid[:, 1:] <= grid[:, :-1])
+        for what, mask in ((f"padding should follow a {row}'s entries", real_after_pad),
+                           (f"indices should be strictly increasing within each {row}", unsorted)):
+            r = np.flatnonzero(mask.any(axis=1))
+            if r.size:
+                raise ValueError(f"{what}, got {row} {int(r[0])}: {grid[r[0]].tolist()[:16]}")
