@@ -32,32 +32,11 @@ if "TVM_CUDA_COMPILE_MODE" not in os.environ:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
 import sparsec  # noqa: E402
-from sparsec import reference  # noqa: E402
-from sparsec.formats import convert, srbcrs  # noqa: E402
+from sparsec.formats import convert, nm, srbcrs  # noqa: E402
 from dsl_ops import TEST_OPS  # noqa: E402
 
 DENSE_LIMIT = 20_000  # rows x cols up to this squared: compare with torch's dense matmul
 TOL = {"float32": 1e-5, "float16": 1e-2, "int8": 0.0, "int4": 0.0}
-
-
-def nm_project(m, n, mm, vec=1):
-    """Keep the n largest-magnitude entries of every window of mm columns (per V-row vector:
-    the columns with the largest summed magnitude over the vector), without densifying."""
-    c = m.tocoo()
-    grp = c.row // vec
-    win = c.col // mm
-    key_cols = np.stack([grp, c.col])
-    uniq, inv = np.unique(key_cols, axis=1, return_inverse=True)
-    score = np.bincount(inv.ravel(), weights=np.abs(c.data), minlength=uniq.shape[1])
-    g, col = uniq
-    order = np.lexsort((col, -score, col // mm, g))  # per (group, window): by score, then column
-    g_s, w_s = g[order], (col // mm)[order]
-    start = np.r_[0, np.flatnonzero((g_s[1:] != g_s[:-1]) | (w_s[1:] != w_s[:-1])) + 1]
-    rank = np.arange(order.size) - np.repeat(start, np.diff(np.r_[start, order.size]))
-    keep_pair = np.zeros(uniq.shape[1], bool)
-    keep_pair[order[rank < n]] = True
-    keep = keep_pair[inv.ravel()]
-    return sp.csr_matrix((c.data[keep], (c.row[keep], c.col[keep])), shape=m.shape)
 
 
 def _int_matrix(m, bits):
@@ -81,9 +60,9 @@ FORMATS = {
     "hyb(auto)": lambda m: convert(m, "hyb"),
     "hyb(4;1..32)": lambda m: convert(m, "hyb", col_parts=4, buckets=(1, 2, 4, 8, 16, 32)),
     "bsr+csr(4x4,.3)": lambda m: convert(m, "bsr+csr", block=(4, 4), block_fill=0.3),
-    "nm 2:4": lambda m: convert(nm_project(m, 2, 4), "nm", n=2, m=4),
-    "nm 1:8": lambda m: convert(nm_project(m, 1, 8), "nm", n=1, m=8),
-    "nm 2:4 v4": lambda m: convert(nm_project(m, 2, 4, 4), "nm", n=2, m=4, vec=4),
+    "nm 2:4": lambda m: convert(nm.prune_stored(m, n=2, m=4), "nm", n=2, m=4),
+    "nm 1:8": lambda m: convert(nm.prune_stored(m, n=1, m=8), "nm", n=1, m=8),
+    "nm 2:4 v4": lambda m: convert(nm.prune_stored(m, n=2, m=4, vec=4), "nm", n=2, m=4, vec=4),
     **{f"srbcrs v{v} {dt}": (lambda m, v=v, dt=dt: convert(
         _int_matrix(m, 8 if dt == "int8" else 4) if dt.startswith("int") else _fp16_values(m),
         "srbcrs", vec=v, dtype=dt)) for v in (2, 4, 8) for dt in ("int8", "int4", "float16")},
@@ -200,9 +179,9 @@ def main():
     ap.add_argument("--target", default="cuda", help="cuda (default) or llvm: a CPU dry run of this script")
     ap.add_argument("--small", action="store_true", help="only the two small matrices")
     args = ap.parse_args()
-    cuda = args.target != "llvm"
-    dev = torch.device("cuda" if cuda else "cpu")
-    gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
+    on_gpu = args.target != "llvm"
+    dev = torch.device("cuda" if on_gpu else "cpu")
+    gpu = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     out_dir = os.environ.get("OUT", ".")
     rng = torch.Generator(device=dev).manual_seed(0)
     rows, kernels, unsupported = [], {}, []
@@ -255,7 +234,7 @@ def main():
                                      rows=m.shape[0], nnz=int(m.nnz), stored=inst.stored,
                                      **errs(torch.as_tensor(got).to(dev), ref, kind), reference="scipy float64",
                                      knobs=k.knobs))
-            if cuda:
+            if on_gpu:
                 torch.cuda.synchronize()
             print(f"{mname:14s} {label:16s} done ({inst.stored} slots, worst err "
                   f"{max(r['err'] for r in rows if r['matrix'] == mname and r['format'] == label):.1e})", flush=True)

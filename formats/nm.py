@@ -76,11 +76,12 @@ import re
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from . import validate as V
 from .axes import DenseFixed, SparseFixed
 from .base import Format, FormatInstance
-from .convert import canonical_csr
+from .convert import as_csr, canonical_csr
 from .stats import summarize
 
 NAME = "nm"
@@ -484,3 +485,41 @@ def mma_arrays(inst: FormatInstance):
     dense = np.zeros((rows, cols // 4, 5), np.float16)  # unused slots (-1) write to column 4
     np.put_along_axis(dense, np.where(idx < 0, 4, idx), inst.data.reshape(rows, cols // 4, 2), axis=-1)
     return encode_mma(np.ascontiguousarray(dense[..., :4]).reshape(rows, cols))
+
+
+def stored_keep_mask(matrix, n, m, vec=1):
+    """``prune``'s choice restricted to the stored entries of a sparse matrix,
+    without densifying it: in every window of M columns of every V-row vector keep the N
+    columns of largest L1 norm over the vector (NaN largest, ties to the lower column).
+    Returns a bool mask over the canonical CSR's entries and that CSR."""
+    c = as_csr(matrix)
+    c = c.tocsr(copy=True)
+    c.sum_duplicates()
+    c.sort_indices()
+    rows = np.repeat(np.arange(c.shape[0], dtype=np.int64), np.diff(c.indptr))
+    cols = c.indices.astype(np.int64)
+    ncols = max(int(c.shape[1]), 1)
+    a = np.abs(c.data.astype(np.float64))
+    a[np.isnan(a)] = np.inf
+    ukey, which = np.unique((rows // vec) * ncols + cols, return_inverse=True)
+    which = which.reshape(-1)
+    score = np.bincount(which, weights=a, minlength=ukey.size) if ukey.size else np.zeros(0)
+    ucol = ukey % ncols
+    group = (ukey // ncols) * (-(-ncols // m)) + ucol // m
+    order = np.lexsort((ucol, -score, group))  # by window, then score descending, then column
+    g = group[order]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if g.size else np.zeros(0, np.int64)
+    start = np.repeat(first, np.diff(np.r_[first, g.size]))
+    keep_u = np.zeros(ukey.size, bool)
+    keep_u[order[(np.arange(g.size) - start) < n]] = True
+    return keep_u[which], c
+
+
+def prune_stored(matrix, *, n, m, vec=1) -> "sp.csr_matrix":
+    """The stored entries of ``matrix`` that ``prune`` keeps, as canonical scipy CSR, without
+    densifying (``prune`` builds a dense mask: rows x cols values). For large sparse inputs."""
+    keep, c = stored_keep_mask(matrix, n, m, vec)
+    rows = np.repeat(np.arange(c.shape[0]), np.diff(c.indptr))
+    indptr = np.zeros(c.shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(rows[keep], minlength=c.shape[0]), out=indptr[1:])
+    return sp.csr_matrix((c.data[keep], c.indices[keep], indptr), shape=c.shape)

@@ -26,17 +26,11 @@ import os
 import sys
 import time
 
-import numpy as np
-import scipy.sparse as sp
-
-from . import build, datasets, formats, ops, reference
+from . import build, formats, ops, reference, workload
 from . import inspect as sinspect
 from .dtypes import dtype_spec
-from .formats.composite import CompositeInstance
 
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-5, "int8": 0.0, "int4": 0.0}
-INT_DENSE_RANGE = (-8, 7)  # dense inputs of integer kernels: random integers in this range
-PRUNE_DENSE_LIMIT = 1 << 22  # nm: formats.nm.prune (which densifies) up to this many rows * cols
 
 # CLI option (attribute) -> (format knob, families that take it); --block and --dtype are special
 KNOB_OPTIONS = {
@@ -125,118 +119,6 @@ def _fraction(text):
     return v
 
 
-def _random_matrix(text):
-    parts = text.split(",")
-    try:
-        if len(parts) not in (3, 4):
-            raise ValueError
-        rows, cols, density = int(parts[0]), int(parts[1]), float(parts[2])
-        seed = int(parts[3]) if len(parts) == 4 else 0
-        if rows < 1 or cols < 1 or not 0.0 <= density <= 1.0 or seed < 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"--random should be ROWS,COLS,DENSITY[,SEED] with positive sizes and a density "
-                         f"in [0, 1] (e.g. 3000,2000,0.01), got {text!r}") from None
-    # a Generator samples positions directly; an int seed makes scipy permute all rows*cols slots
-    m = sp.random(rows, cols, density, format="csr", dtype=np.float32, random_state=np.random.default_rng(seed))
-    return m, seed
-
-
-def _matrix(args):
-    """(scipy matrix, seed, source description) from --matrix, --random or the embedded default."""
-    if args.matrix is not None:
-        return datasets.load_npz(args.matrix), 0, args.matrix
-    if args.random is not None:
-        m, seed = _random_matrix(args.random)
-        return m, seed, f"random {args.random}"
-    return datasets.default_matrix(), 0, f"embedded {datasets.DEFAULT_MATRIX}"
-
-
-def nm_keep_sparse(matrix, n, m, vec=1):
-    """``formats.nm.prune``'s choice restricted to the stored entries of a sparse matrix,
-    without densifying it: in every window of M columns of every V-row vector keep the N
-    columns of largest L1 norm over the vector (NaN largest, ties to the lower column).
-    Returns a bool mask over the canonical CSR's entries and that CSR."""
-    c = formats.as_csr(matrix)
-    c = c.tocsr(copy=True)
-    c.sum_duplicates()
-    c.sort_indices()
-    rows = np.repeat(np.arange(c.shape[0], dtype=np.int64), np.diff(c.indptr))
-    cols = c.indices.astype(np.int64)
-    ncols = max(int(c.shape[1]), 1)
-    a = np.abs(c.data.astype(np.float64))
-    a[np.isnan(a)] = np.inf
-    ukey, which = np.unique((rows // vec) * ncols + cols, return_inverse=True)
-    which = which.reshape(-1)
-    score = np.bincount(which, weights=a, minlength=ukey.size) if ukey.size else np.zeros(0)
-    ucol = ukey % ncols
-    group = (ukey // ncols) * (-(-ncols // m)) + ucol // m
-    order = np.lexsort((ucol, -score, group))  # by window, then score descending, then column
-    g = group[order]
-    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if g.size else np.zeros(0, np.int64)
-    start = np.repeat(first, np.diff(np.r_[first, g.size]))
-    keep_u = np.zeros(ukey.size, bool)
-    keep_u[order[(np.arange(g.size) - start) < n]] = True
-    return keep_u[which], c
-
-
-def _prune_nm(matrix, params, dtype):
-    """An N:M instance of ``matrix``'s largest entries (formats.nm.prune's rule) holding
-    only the source's kept entries (so nnz counts real entries), and the source nnz."""
-    n, m, vec = params["n"], params["m"], params.get("vec") or 1
-    rows, cols = matrix.shape
-    src = formats.as_csr(matrix)
-    if rows * cols <= PRUNE_DENSE_LIMIT:
-        _, keep = formats.nm.prune(src, n=n, m=m, vec=vec)
-        c = src.tocsr(copy=True)
-        c.sum_duplicates()
-        c.sort_indices()
-        kept = keep[np.repeat(np.arange(rows), np.diff(c.indptr)), c.indices]
-    else:  # prune densifies rows * cols values (and scores): select among the stored entries instead
-        kept, c = nm_keep_sparse(src, n, m, vec)
-    indptr = np.zeros(rows + 1, np.int64)
-    np.cumsum(np.bincount(np.repeat(np.arange(rows), np.diff(c.indptr))[kept], minlength=rows), out=indptr[1:])
-    pruned = sp.csr_matrix((c.data[kept], c.indices[kept], indptr), shape=c.shape)
-    return pruned, int(c.nnz)
-
-
-def _is_int_in_range(matrix, dtype):
-    lo, hi = formats.srbcrs.INT_RANGE[dtype]
-    d = formats.as_csr(matrix).data
-    with np.errstate(invalid="ignore"):
-        return bool(np.all((d == np.round(d)) & (d >= lo) & (d <= hi)))
-
-
-def _convert(args, matrix, spec, params, dtype):
-    """The instance (nm pruned, srbcrs int8/int4 quantized when needed) and what was done."""
-    info = {"pruned": False, "quantized": False, "scale": None, "source_nnz": None}
-    family = formats.parse_spec(spec)[0].NAME
-    if family == "nm":
-        matrix, info["source_nnz"] = _prune_nm(matrix, params, dtype)
-        info["pruned"] = True
-    if family == "srbcrs" and dtype in ("int8", "int4") and not _is_int_in_range(matrix, dtype):
-        info["source_nnz"] = int(formats.as_csr(matrix).nnz)
-        matrix, info["scale"] = formats.srbcrs.quantize(matrix, 8 if dtype == "int8" else 4)
-        info["quantized"] = True
-    kw = dict(params)
-    kw.setdefault("dtype", dtype)
-    return formats.convert(matrix, spec, **kw), info
-
-
-def _dense_inputs(kernel, A, seed):
-    rng = np.random.default_rng(seed + 1)
-    sizes = {"rows": A.shape[0], "cols": A.shape[1]}
-    out = []
-    for p in kernel.inputs:
-        shape = tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
-        if p.dtype.startswith("int"):
-            lo, hi = INT_DENSE_RANGE
-            out.append(rng.integers(lo, hi + 1, size=shape).astype(p.dtype))
-        else:
-            out.append(rng.standard_normal(shape).astype(p.dtype))
-    return out
-
-
 def _device_name(target):
     if target.kind == "llvm":
         return "cpu"
@@ -247,39 +129,23 @@ def _jsonable(v):
     return v if not isinstance(v, float) or math.isfinite(v) else str(v)
 
 
-def _errors(out, ref, exact):
-    """(max_rel_err, max_abs_err); integer kernels are exact or have a relative error of at least
-    the reference's own (so an exact kernel reads 0.0)."""
-    o = np.asarray(out, dtype=np.float64)
-    r = np.asarray(ref, dtype=np.float64)
-    rel = reference.max_rel_err(o, r)
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(o - r)
-    ok = ~(np.isnan(o) & np.isnan(r))
-    abs_err = float(np.nanmax(diff[ok])) if ok.any() and not np.isnan(diff[ok]).any() else (
-        float("inf") if ok.any() else 0.0)
-    if exact and abs_err == 0.0:
-        rel = 0.0
-    return rel, abs_err
-
-
 # ---- subcommands -----------------------------------------------------------------------------
 def cmd_run(args):
     spec, params, dtype = _format_spec(args)
-    matrix, seed, source = _matrix(args)
-    A, info = _convert(args, matrix, spec, params, dtype)
+    matrix, seed, source = workload.load_matrix(args)
+    A, info = workload.convert(matrix, spec, params, dtype)
     desc = sinspect.describe(A)
     kernel = build.compile(args.op, A, target=args.target, dtype=dtype, feat=args.feat)
     exact = kernel.dtypes.exact
     ran = kernel.target.can_run()
     err = abs_err = run_ms = None
     if ran:
-        dense = _dense_inputs(kernel, A, seed)
+        dense = workload.dense_inputs(kernel, A, seed)
         t0 = time.perf_counter()
         out = kernel(A, *dense, poison=True)
         once = time.perf_counter() - t0
         if args.check:
-            err, abs_err = _errors(out, reference.REFERENCES[kernel.op_name](A, *dense), exact)
+            err, abs_err = workload.errors(out, reference.REFERENCES[kernel.op_name](A, *dense), exact)
         del out
         n = 5 if kernel.target.kind == "llvm" else 20
         n = max(1, min(n, int(0.2 / max(once, 1e-9))))  # slow kernels (large padded formats): fewer runs
@@ -347,7 +213,7 @@ def cmd_build(args):
     if args.matrix is None and args.random is None and None not in params.values():
         fmt = formats.make_format(spec, **params)  # fully given: no matrix needed
     else:
-        fmt = _convert(args, _matrix(args)[0], spec, params, dtype)[0]
+        fmt = workload.convert(workload.load_matrix(args)[0], spec, params, dtype)[0]
     kernel = build.compile(args.op, fmt, target=args.target, dtype=dtype, feat=args.feat)
     if args.emit_source:
         print(kernel.source())
@@ -383,8 +249,8 @@ def cmd_formats(args):
         print(json.dumps(d) if args.json else sinspect.format_text(d))
         return 0
     spec, params, dtype = _format_spec(args)
-    matrix, _, source = _matrix(args)
-    A, info = _convert(args, matrix, spec, params, dtype)
+    matrix, _, source = workload.load_matrix(args)
+    A, info = workload.convert(matrix, spec, params, dtype)
     d = sinspect.describe(A)
     d.update(matrix=source, **info)
     if args.json:

@@ -11,7 +11,7 @@ formats (``Format`` / ``FormatInstance``) and composites (``CompositeFormat`` /
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 

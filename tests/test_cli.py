@@ -200,26 +200,21 @@ def test_issue_new_formats(capsys, op, name):
 
 
 def test_nm_pruning_matches_prune():
-    """The CLI's sparse selection (large matrices) is formats.nm.prune's rule on the stored entries."""
+    """Pruning the stored entries (no dense mask: large matrices) is formats.nm.prune's rule."""
     from sparsec.formats import nm
+    from sparsec import workload
 
     for vec, (n, m) in ((1, (2, 4)), (1, (1, 8)), (4, (2, 4)), (2, (3, 8))):
         a = sp.random(61, 53, 0.3, format="csr", dtype=np.float32, random_state=np.random.default_rng(vec + n))
         a.data[::7] *= -1
-        keep, c = cli.nm_keep_sparse(a, n, m, vec)
+        keep, c = nm.stored_keep_mask(a, n, m, vec)
         _, mask = nm.prune(a, n=n, m=m, vec=vec)
         rows = np.repeat(np.arange(61), np.diff(c.indptr))
         np.testing.assert_array_equal(keep, mask[rows, c.indices])
-        small, src = cli._prune_nm(a, {"n": n, "m": m, "vec": vec}, "float32")
-        assert src == a.nnz and small.nnz == keep.sum()
-        old = cli.PRUNE_DENSE_LIMIT
-        try:
-            cli.PRUNE_DENSE_LIMIT = 0  # force the sparse path
-            large, _ = cli._prune_nm(a, {"n": n, "m": m, "vec": vec}, "float32")
-        finally:
-            cli.PRUNE_DENSE_LIMIT = old
-        assert (large != small).nnz == 0
-        nm.from_matrix(large, n=n, m=m, vec=vec)  # really N:M
+        pruned, src = workload.prune_nm(a, {"n": n, "m": m, "vec": vec})
+        assert src == a.nnz and pruned.nnz == keep.sum()
+        assert (pruned != sp.csr_matrix(np.where(mask, a.toarray(), 0))).nnz == 0
+        nm.from_matrix(pruned, n=n, m=m, vec=vec)  # really N:M
 
 
 def test_nm_summary_says_pruned(capsys):

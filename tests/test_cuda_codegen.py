@@ -4,14 +4,12 @@ implies, and nvcc compiles that source to a cubin for both architectures."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
 import sys
 
 import pytest
-import tvm
 
 import sparsec
 

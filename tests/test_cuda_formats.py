@@ -6,7 +6,6 @@ only: SDDMM writes one value per slot), the int4 nibble unpack and int32 accumul
 reduction over repeated rows has no atomic and is refused on CUDA (the CPU runs it serially)."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 

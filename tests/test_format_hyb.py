@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
-from sparsec.formats import bsr_csr, convert, hyb, make_format, parse_spec, rell
+from sparsec.formats import bsr_csr, convert, hyb, make_format, rell
 from sparsec.formats.composite import CompositeInstance
 from sparsec.formats.registry import parse_spec as registry_parse
 

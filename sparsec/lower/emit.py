@@ -8,12 +8,10 @@ that rows with no stored entries still get their initial value.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Set
-
-import tvm
+from typing import List, Set
 
 from ..dsl import IDENTITY
-from ..expr import BinOp, Const, Expr, Load, Var, render, walk
+from ..expr import BinOp, Expr, Load, Var, render, walk
 from .flatten import FlatProgram
 from .positions import LoopNest, iv
 
