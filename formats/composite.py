@@ -28,6 +28,9 @@ class CompositeFormat:
     name: str
     parts: Tuple[Format, ...]
     params: Tuple[Tuple[str, Any], ...] = ()
+    # no row has entries in two parts (hyb with one column partition): each part can own its
+    # rows' results outright instead of adding into an output zeroed first
+    disjoint_rows: bool = False
 
     def __post_init__(self):
         if not self.parts:

@@ -133,7 +133,7 @@ def declare(col_parts=None, buckets=None) -> CompositeFormat:
         raise ValueError("hyb's automatic col_parts/buckets depend on the matrix: convert a matrix, "
                          "or give both (spec 'hyb:4:1/2/4/8/16/32')")
     parts = tuple(rell.declare(w, unique=(w != b[-1])) for _ in range(p) for w in b)
-    return CompositeFormat(NAME, parts, (("col_parts", p), ("buckets", b)))
+    return CompositeFormat(NAME, parts, (("col_parts", p), ("buckets", b)), disjoint_rows=p == 1)
 
 
 def _pow2_ceil(x) -> int:
@@ -270,7 +270,8 @@ def _split(m, p: int, buckets: Tuple[int, ...]) -> CompositeInstance:
         part_insts = [FormatInstance(fmt, shape, {"row_ids": np.zeros(0, np.int32), "col_ids": np.zeros(0, np.int32)},
                                      np.zeros(0, dtype=m.data.dtype), 0)]
         part_fmts = [fmt]
-    cf = CompositeFormat(NAME, tuple(part_fmts), (("col_parts", int(p)), ("buckets", tuple(int(x) for x in buckets))))
+    cf = CompositeFormat(NAME, tuple(part_fmts), (("col_parts", int(p)), ("buckets", tuple(int(x) for x in buckets))),
+                         disjoint_rows=int(p) == 1)
     out = CompositeInstance(cf, shape, part_insts, int(nnz))
     out._data = val_all  # the parts' values are views into it, in part order
     return out

@@ -86,15 +86,20 @@ class PositionProgram:
 
 
 def lower_positions(bound: BoundOperator) -> PositionProgram:
-    shared_rows = bound.composite or any(not p.axes[0].unique for p in bound.parts)
+    composite = bound.composite
+    disjoint = composite and bound.format.disjoint_rows
     nests, filled = [], set()
     for it in bound.iterations:
         st = it.statement
-        split = st.reduce is not None and not st.target.buffer.sparse and shared_rows
-        if split and (it.origin, st.target.buffer.name) not in filled:
+        unique = bound.parts[it.part].axes[0].unique
+        dense_reduce = st.reduce is not None and not st.target.buffer.sparse
+        # rows that no part covers (and repeated rows) need the output set to the identity first
+        if dense_reduce and (composite or not unique) and (it.origin, st.target.buffer.name) not in filled:
             filled.add((it.origin, st.target.buffer.name))
             nests.append(_fill(bound, it))
-        nests.append(_lower(bound, it, init=not split))
+        # a part owns its rows' results (T.init, register accumulators) unless rows are shared
+        shared = dense_reduce and ((composite and not disjoint) or not unique)
+        nests.append(_lower(bound, it, init=not shared))
     extents = [a.name for p in bound.parts for a in p.axes if a.name in p.runtime_extent_axes()]
     return PositionProgram(bound, nests, extents)
 
