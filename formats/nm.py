@@ -203,21 +203,7 @@ def from_matrix(matrix, *, n=None, m=None, vec=1, shape=None, dtype=None) -> For
     col = c.indices.astype(np.int64)
     win = (rowid // vec) * nw + col // m  # window id (row vector, window): non-decreasing
     off = col % m
-    if vec == 1:
-        # canonical rows are sorted by column, so entries of one window are consecutive
-        counts = np.bincount(win, minlength=nwin) if win.size else np.zeros(nwin, np.int64)
-        over = np.flatnonzero(counts > n)
-        if over.size:
-            raise _window_error(n, m, vec, shp, over[0], counts[over[0]])
-        start = np.zeros(nwin + 1, np.int64)
-        np.cumsum(counts, out=start[1:])
-        slot = win * n + (np.arange(win.size, dtype=np.int64) - start[win])
-        indices = np.full(nwin * n, -1, np.int32)
-        data = np.zeros(nwin * n, c.data.dtype)
-        indices[slot] = off
-        data[slot] = c.data
-        return _finish(n, m, vec, shp, indices, data, c.nnz, t0)
-    # vector-wise: the slots of a window are the union of its V rows' columns
+    # the slots of a window are the union of its V rows' columns (V = 1: the row's own)
     ukeys, which = np.unique(win * m + off, return_inverse=True)
     uwin = ukeys // m
     counts = np.bincount(uwin, minlength=nwin) if uwin.size else np.zeros(nwin, np.int64)
