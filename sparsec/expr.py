@@ -160,14 +160,12 @@ def render(e: Expr, dtype: str, names: Dict[str, str] | None = None) -> str:
     if isinstance(e, Const):
         if isinstance(e.value, float):
             v = e.value
+            if v in (float("inf"), float("-inf")):
+                # the identity of a max/min reduction: the dtype's extreme value, which TVM
+                # recognises as the identity of its max/min reducers (cross-thread reductions)
+                return f'T.{"max" if v > 0 else "min"}_value("{dtype}")'
             if not dtype.startswith("float"):  # an integer computation: identities become ints
-                if v in (float("inf"), float("-inf")):
-                    return f'T.{"max" if v > 0 else "min"}_value("{dtype}")'
                 return f"T.{dtype}({int(v)})"
-            if v == float("inf"):
-                return f"T.{dtype}('inf')"
-            if v == float("-inf"):
-                return f"T.{dtype}('-inf')"
             return f"T.{dtype}({v!r})"
         return str(e.value)
     if isinstance(e, Var):
