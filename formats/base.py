@@ -194,10 +194,6 @@ class FormatInstance:
             return torch.sparse_coo_tensor(idx, torch.from_numpy(c.data), size=m.shape).coalesce()
         raise ValueError(f"layout should be 'csr', 'coo' or 'dense', got {layout!r}")
 
-    def kernel_arrays(self) -> Tuple[np.ndarray, ...]:
-        """Index arrays then values, in the order a compiled kernel takes them."""
-        return tuple(self.arrays[n] for n in self.format.index_array_names()) + (self.data,)
-
     def with_data(self, data: np.ndarray) -> "FormatInstance":
         """The same structure holding other values (same length and layout)."""
         data = np.ascontiguousarray(np.asarray(data).reshape(-1))

@@ -16,20 +16,7 @@ from .base import FAMILIES, Format
 FAMILY_MODULES = ("csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr")
 
 
-def _load() -> dict:
-    out = {}
-    for name in FAMILY_MODULES:
-        try:
-            m = importlib.import_module(f".{name}", __package__)
-        except ModuleNotFoundError as e:  # a family still being written: listed, not yet present
-            if e.name != f"{__package__}.{name}":
-                raise
-            continue
-        out[m.NAME] = m
-    return out
-
-
-_FAMILIES = _load()
+_FAMILIES = {m.NAME: m for m in (importlib.import_module(f".{n}", __package__) for n in FAMILY_MODULES)}
 FAMILIES.update(_FAMILIES)
 
 

@@ -1,7 +1,6 @@
 """Finding a lowered loop nest's blocks and loops by role (names come from the emitter)."""
 from __future__ import annotations
 
-from typing import List, Optional
 
 from tvm import s_tir
 
@@ -14,11 +13,6 @@ def inner_block(sch: s_tir.Schedule, nest):
 def root_block(sch: s_tir.Schedule, nest):
     """The outermost block of the nest (the statement block when the nest has one level)."""
     return sch.get_sblock(nest.name if len(nest.blocks) == 1 else f"{nest.name}_0")
-
-
-def loops_of(nest, level: Optional[int] = None) -> List:
-    """LoopIR entries of one block level (default: the innermost) in emitted order."""
-    return list(nest.blocks[-1 if level is None else level])
 
 
 def has_dynamic_reduction(nest) -> bool:

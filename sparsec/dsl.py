@@ -32,7 +32,7 @@ from .expr import BinOp, Call, Const, Expr, Select, wrap
 
 __all__ = [
     "Operator", "Axis", "Buffer", "Access", "Iteration", "Statement",
-    "exp", "maximum", "minimum", "sqrt", "select",
+    "exp", "maximum", "minimum", "sqrt", "select", "less",
 ]
 
 AXIS_KINDS = ("dense_fixed", "dense_variable", "sparse_fixed", "sparse_variable")
@@ -324,6 +324,7 @@ def select(cond, then, other) -> Expr:
 
 
 def less(a, b) -> Expr:
+    """``a < b``, a condition for ``select``."""
     return BinOp("<", wrap(a), wrap(b))
 
 

@@ -304,3 +304,19 @@ def test_default_format_from_declared_kinds():
     check(k(A, poison=True), np.asarray(m.astype(np.float64).sum(axis=1)).ravel(), 1e-5)
     with pytest.raises(ValueError, match="compiled for format ell:6"):
         k(convert(m, "ell:7"))
+
+
+@pytest.mark.parametrize("spec", ["csr", "bsr:3x5", "ell"])
+def test_select_and_less(spec):
+    """Conditions: the sum of each row's positive entries, written with select(less(...))."""
+    op = dsl.Operator("posrowsum")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    A = op.sparse_input("A", (I, J))
+    y = op.dense_output("y", (I,))
+    with op.iterate([I, J], "SR") as (i, j):
+        y[i] += dsl.select(dsl.less(A[i, j], 0.0), 0.0, A[i, j])
+    m = make_matrix("powerlaw", 37, 53, seed=seed_of("select", spec))
+    inst = convert(m, spec)
+    want = np.asarray(m.maximum(0).astype(np.float64).sum(axis=1)).ravel()
+    check(sparsec.compile(op, inst)(inst, poison=True), want, 1e-5)

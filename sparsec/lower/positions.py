@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..dsl import IDENTITY, Access
-from ..expr import BinOp, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform, walk
+from ..expr import BinOp, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform
 from .bind import BoundIteration, BoundOperator, Loop
 
 ROWS, COLS = Var("rows"), Var("cols")
@@ -226,6 +226,3 @@ def _all(conds: List[Expr]) -> Expr:
         out = BinOp("and", out, c)
     return out
 
-
-def free_vars(e: Expr) -> set:
-    return {n.name for n in walk(e) if isinstance(n, Var)}
