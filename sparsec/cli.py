@@ -8,6 +8,7 @@
     sparsec run sddmm --format srbcrs --vec 8 --dtype int8 --random 3000,2000,0.01 --check  # quantized
     sparsec ops | sparsec formats
     sparsec formats --describe nm [--n 2 --m 4] [--random 300,200,0.02 [--json]]
+    sparsec bench spmm --suite graphs [--quick] [--json FILE --markdown FILE --plot FILE]   # GPU host
 
 nm matrices are pruned by magnitude to N:M first, and srbcrs int8/int4 matrices are
 quantized (symmetric, per tensor) unless their values already are integers in range;
@@ -266,6 +267,12 @@ def cmd_formats(args):
     return 0
 
 
+def cmd_bench(args):
+    from .bench.command import bench_command  # torch and the peers load only for this command
+
+    return bench_command(args)
+
+
 # ---- parser ----------------------------------------------------------------------------------
 def _positive_int(text):
     try:
@@ -326,7 +333,42 @@ def make_parser():
     _format_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_formats)
+    _bench_parser(sub, common)
     return parser
+
+
+def _bench_parser(sub, common):
+    p = sub.add_parser("bench", parents=[common], help="time sparsec against cuSPARSE, torch BSR, cuBLAS and CuPy "
+                                                       "on a GPU")
+    p.add_argument("op", help="library operator: spmm or sddmm")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--matrix", metavar="FILE.npz", help="scipy.sparse.save_npz file")
+    src.add_argument("--suite", choices=("graphs", "blocks"), help="benchmarks/data/suites.py suite")
+    p.add_argument("--feat", type=_positive_int, nargs="+", metavar="N",
+                   help="dense widths (default: graphs 32..512, blocks 512..8192, --matrix 64)")
+    p.add_argument("--format", metavar="SPEC", help="sparsec format (default: csr; blocks: bsr:BxB)")
+    p.add_argument("--dtype", help="float32 (default), float16 (default for blocks) or float64")
+    p.add_argument("--sparsity", type=_fraction, nargs="+", metavar="S", help="blocks: block sparsities to keep")
+    p.add_argument("--block", type=_positive_int, nargs="+", metavar="B",
+                   help="blocks: block sizes to keep; --matrix: BSR with BxB blocks")
+    p.add_argument("--knobs", metavar="JSON", help='schedule knobs, e.g. \'{"rows_per_block": 4}\'')
+    p.add_argument("--json", metavar="FILE", help="write the records")
+    p.add_argument("--markdown", metavar="FILE", help="write the summary table")
+    p.add_argument("--plot", metavar="FILE", help="write the speedup plot (PNG, needs matplotlib)")
+    p.add_argument("--quick", action="store_true", help="a few cases per suite (smoke run)")
+    p.add_argument("--repeat", type=_positive_int, default=50, metavar="N", help="most timed calls per contestant")
+    p.add_argument("--max-rmat", type=_count, metavar="NNZ", help="leave out R-MAT graphs with more non-zeros (4M, 0)")
+    p.add_argument("--target", default="cuda", help=argparse.SUPPRESS)  # llvm: CPU dry run (tests)
+    p.set_defaults(func=cmd_bench)
+
+
+def _count(text):
+    from .bench.cases import parse_count
+
+    try:
+        return parse_count(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:
