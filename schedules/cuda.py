@@ -11,12 +11,17 @@ Three shapes of loop nest occur, told apart by the operator's dense (feature) lo
 """
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir
 
+from .atomics import atomic_writeback, mark_atomic
+from .fusion import fuse_parts
+from .cuda_sddmm import lane_groups, unless_fused
 from .knobs import transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
 
 MAX_THREADS = 1024
+AUTO_THREADS = 128
 WARP = 32
 
 
@@ -25,22 +30,35 @@ def _feature(nest):
     return dense[-1] if dense else None
 
 
-def _bind_root(sch, nest, per_block: int, tag: str):
+def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1):
+    """Rows to thread blocks: ``per_block`` rows side by side (``tag``), ``coarsen`` such
+    groups one after another in each block."""
     root = sch.get_loops(root_block(sch, nest))[0]
-    bx, t = sch.split(root, [None, per_block])
+    if coarsen > 1:
+        bx, _, t = sch.split(root, [None, coarsen, per_block])
+    else:
+        bx, t = sch.split(root, [None, per_block])
     sch.bind(bx, "blockIdx.x")
     sch.bind(t, tag)
 
 
-@transformation(knobs={"rows_per_block": (4, 1, 2, 8, 16), "vec": (4, 1, 2)})
-def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec: int):
+@transformation(knobs={"rows_per_block": ("auto", 1, 2, 4, 8, 16), "vec": (4, 1, 2),
+                       "slots_per_block": (64, 32, 128, 256, 512, 1024), "unroll": (2, 1, 4, 8)})
+def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec: int, slots_per_block: int,
+                          unroll: int):
     """SpMM-like nests. Requires: the statement block's last loop is a spatial dense axis.
 
     Before: for i: for p in row_len: for k in F: C[i, k] += A[p] * B[col[p], k]
-    After:  for bx (blockIdx.x): for ty (threadIdx.y, rows_per_block):
+    After:  for bx (blockIdx.x): for c (coarsen): for ty (threadIdx.y, rows_per_block):
               for tx (threadIdx.x, F / vec): acc[vec] = 0
-                for p in row_len: for v in vec: acc[v] += A[p] * B[col[p], tx * vec + v]
-                C[i, tx * vec : tx * vec + vec] = acc      (vectorised store)
+                for p in row_len (unrolled): acc[0:vec] += A[p] * B[col[p], tx * vec : tx * vec + vec]
+                C[i, tx * vec : tx * vec + vec] = acc      (vector load of B, vector store of C)
+
+    ``vec`` features per thread give 128-bit loads and stores; several rows share a warp when
+    F / vec < 32 (sub-warp rows); ``rows_per_block="auto"`` makes blocks of about 128 threads. A row of fixed width w (ELL, hyb's buckets) has its entry
+    loop unrolled fully and a block takes ``slots_per_block / w`` rows (serial coarsening over
+    groups of ``rows_per_block``), so narrow buckets do not launch swarms of tiny blocks; a
+    row of data-dependent length has its entry loop unrolled ``unroll`` times.
     """
     feat = _feature(nest)
     F = feat.loop.extent
@@ -50,6 +68,8 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     while tx > 256 and tx % 2 == 0:  # keep thread blocks modest; extra features run serially
         tx //= 2
         serial *= 2
+    if rows_per_block == "auto":  # about 128 threads a block: measured best on H200 graphs at F = 32..512
+        rows_per_block = max(1, min(16, AUTO_THREADS // tx))
     rows_per_block = max(1, min(rows_per_block, MAX_THREADS // tx))
     blk = inner_block(sch, nest)
     loops = sch.get_loops(blk)
@@ -60,42 +80,69 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     own = loops[len(loops) - 1 - len(own_ir):-1]
     sch.reorder(k_t, *own, k_s, k_v)
     sch.bind(k_t, "threadIdx.x")
-    if nest.reduce is not None and nest.init:
+    accumulates = nest.reduce is not None and (nest.init or nest.atomic)
+    if accumulates:
         acc = sch.cache_write(blk, 0, "local")
         sch.reverse_compute_at(acc, k_t)
-        if vec > 1 and serial == 1:  # with serial features the write-back loop is longer than a vector
+        if nest.atomic:  # rows repeat: the write-back adds into the filled output (schedules.atomics)
+            mark_atomic(sch, acc)
+        elif vec > 1 and serial == 1:  # with serial features the write-back loop is longer than a vector
             sch.vectorize(sch.get_loops(acc)[-1])
-        if has_dynamic_reduction(nest):
+        if has_dynamic_reduction(nest, cuda=True):
             kinds = [b.loop.kind for b in own_ir]
             first_r = next(rv for rv, kind in zip(own, kinds) if kind == "R")
             sch.decompose_reduction(blk, first_r)
-    elif vec > 1 and serial == 1 and nest.reduce is None:  # an add into memory (parts) stays scalar
+    if vec > 1 and (accumulates or nest.reduce is None):  # an add into memory (parts) stays scalar
         sch.vectorize(k_v)
-    _bind_root(sch, nest, rows_per_block, "threadIdx.y")
+    width = _fixed_width(own_ir)
+    if accumulates:
+        _unroll_entries(sch, own, own_ir, unroll)
+    coarsen = 1
+    if width is not None and nest.blocks[0][0].loop.role == "root":
+        coarsen = max(1, min(32, slots_per_block // (rows_per_block * width)))
+    _bind_root(sch, nest, rows_per_block, "threadIdx.y", coarsen)
 
 
-@transformation(knobs={"rows_per_block": (4, 1, 2, 8)})
-def reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int):
-    """SDDMM-like nests. Requires: the statement block's last loop is a reduction dense axis.
+def _fixed_width(own_ir):
+    """Stored entries per row when every reduction loop has a constant extent, else None."""
+    from sparsec.expr import Const
 
-    Before: for i: for p in row_len: for k in F: O[p] += A[p] * X[i, k] * Y[k, col[p]]
-    After:  for bx: for ty (rows_per_block): for p in row_len:
-              for ko: for lane (threadIdx.x, 32): partial sums -> warp all-reduce -> O[p]
-    """
-    # Always a whole warp: TVM then reduces with warp shuffles. A group narrower than a warp
-    # (e.g. 17 lanes for feat=17) makes TVM reduce through shared memory with __syncthreads
-    # inside the row loop, whose trip count differs between rows of one block: a deadlock.
-    blk = inner_block(sch, nest)
-    k = sch.get_loops(blk)[-1]
-    _, k_l = sch.split(k, [None, WARP])
-    sch.bind(k_l, "threadIdx.x")
-    _bind_root(sch, nest, rows_per_block, "threadIdx.y")
+    width = 1
+    for b in own_ir:
+        if b.loop.kind != "R":
+            continue
+        if not isinstance(b.extent, Const):
+            return None
+        width *= int(b.extent.value)
+    return width
+
+
+def _unroll_entries(sch, own, own_ir, unroll: int):
+    """Unroll the innermost reduction loop over stored entries: fully when its extent is a
+    small constant, else by ``unroll`` (independent loads in flight)."""
+    from sparsec.expr import Const
+
+    pairs = [(rv, b) for rv, b in zip(own, own_ir) if b.loop.kind == "R"]
+    if not pairs:
+        return
+    rv, b = pairs[-1]
+    if isinstance(b.extent, Const):
+        if int(b.extent.value) <= 64:
+            sch.unroll(rv)
+    elif unroll > 1:
+        _, inner = sch.split(rv, [None, unroll])
+        sch.unroll(inner)
+
+
+# SDDMM-like nests (the statement block's last loop reduces over the feature axis): sub-warp
+# lane groups, vector loads, the scale by A fused into the same kernel (schedules/cuda_sddmm.py).
+reduce_over_lanes = lane_groups
 
 
 @transformation(knobs={"threads_per_block": (64, 32, 128, 256)})
 def rows_over_threads(sch: s_tir.Schedule, nest, *, threads_per_block: int):
     """Row-wise nests with no feature loop: one thread per (block) row."""
-    if has_dynamic_reduction(nest):
+    if has_dynamic_reduction(nest, cuda=True):
         from .loops import first_reduce_loop
 
         sch.decompose_reduction(inner_block(sch, nest), first_reduce_loop(sch, nest))
@@ -131,8 +178,8 @@ def template_for(nest):
     if feat is None:
         if nest.reduce is not None and nest.init and not nest.fill:
             return row_reduce_over_lanes
-        return rows_over_threads
-    return features_over_threads if feat.loop.kind == "S" else reduce_over_lanes
+        return unless_fused(rows_over_threads)  # SDDMM's scale runs inside lane_groups' kernel
+    return features_over_threads if feat.loop.kind == "S" else lane_groups
 
 
 def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
@@ -144,3 +191,10 @@ def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
         t(sch, nest, **mine)
         used.update({**t.defaults(), **mine})
     return used
+
+
+def finalize_cuda(mod, program):
+    """Module-level rewrites after the per-nest templates: atomic write-backs for nests whose
+    rows repeat, then horizontal fusion of a composite's parts into one launch."""
+    (gv, func), = mod.functions.items()
+    return tvm.IRModule({gv: fuse_parts(atomic_writeback(func), program)})

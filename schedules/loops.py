@@ -15,12 +15,13 @@ def root_block(sch: s_tir.Schedule, nest):
     return sch.get_sblock(nest.name if len(nest.blocks) == 1 else f"{nest.name}_0")
 
 
-def has_dynamic_reduction(nest) -> bool:
+def has_dynamic_reduction(nest, cuda: bool = False) -> bool:
     """True when a reduction loop has a data-dependent extent: the T.init inside it would not
     run for an empty row, so the init must be hoisted (decompose_reduction)."""
     from sparsec.expr import Const
 
-    return nest.reduce is not None and nest.init and any(
+    has_init = nest.init or (cuda and nest.atomic)  # on CUDA, atomic nests are emitted with T.init
+    return nest.reduce is not None and has_init and any(
         b.loop.kind == "R" and not isinstance(b.extent, Const) for blk in nest.blocks for b in blk)
 
 

@@ -19,7 +19,7 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import default_cpu, default_cuda
+from .schedules import default_cpu, default_cuda, finalize_cuda
 from .targets import parse_target
 
 
@@ -58,10 +58,11 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
     template = default_cpu if spec.kind == "llvm" else default_cuda
     used = template(sch, program, **(knobs or {}))
+    mod = finalize_cuda(sch.mod, program) if spec.kind == "cuda" else sch.mod
     with spec.tvm_target():
-        ex = tvm.compile(sch.mod, target=spec.tvm_target())
+        ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
-                  compile_s=time.perf_counter() - t0, script=sch.mod.script())
+                  compile_s=time.perf_counter() - t0, script=mod.script())
 
 
 def _param_specs(program):

@@ -35,23 +35,24 @@ def build(op: str, spec: str, arch: str, feat: int = FEAT) -> sparsec.Kernel:
 def expected_threads(op: str, feat: int = FEAT) -> int:
     """Threads per block under the default CUDA templates (schedules/cuda.py defaults):
     SpMM: features over threadIdx.x in vectors of 4 (1 when feat % 4), at most 256 threads
-    (the rest serial), times rows_per_block=4 rows on threadIdx.y (capped at 1024 threads);
-    SDDMM and row reductions (rowsum, a softmax's max and sum): a warp of lanes (32) times
-    4 rows; element-wise row kernels (SDDMM's scale, a softmax's normalisation): 64 rows."""
+    (the rest serial), times rows_per_block="auto" rows on threadIdx.y (blocks of about 128 threads);
+    SDDMM (schedules/cuda_sddmm.py): lanes x groups = one warp per row, times 4 rows; row
+    reductions (rowsum, a softmax's max and sum): a warp of lanes (32) times 4 rows;
+    element-wise row kernels (a softmax's normalisation): 64 rows."""
     if op == "spmm":
         vec = 4 if feat % 4 == 0 else 1
         tx = feat // vec
         while tx > 256 and tx % 2 == 0:
             tx //= 2
-        return tx * max(1, min(4, 1024 // tx))
+        return tx * max(1, min(max(1, min(16, 128 // tx)), 1024 // tx))  # rows_per_block "auto"
     if op in ("sddmm", "rowsum"):
         return 32 * 4
     return 64
 
 
-# the thread count of each kernel of an operator (SDDMM: the dot products, then the scale by A;
-# row_softmax: the max, the sum of exponentials, the normalisation)
-KERNELS = {"spmm": ("spmm",), "sddmm": ("sddmm", "elementwise"), "rowsum": ("rowsum",),
+# the thread count of each kernel of an operator (SDDMM: the dot products and the scale by A in
+# one kernel; row_softmax: the max, the sum of exponentials, the normalisation)
+KERNELS = {"spmm": ("spmm",), "sddmm": ("sddmm",), "rowsum": ("rowsum",),
            "row_softmax": ("rowsum", "rowsum", "elementwise")}
 
 
@@ -101,10 +102,33 @@ def test_launch_bounds_follow_feat(op, feat):
 def test_sddmm_reduces_within_a_warp(feat):
     """A reduction group narrower than a warp would make TVM reduce through shared memory with
     __syncthreads inside the row loop, whose trip count differs between the rows of a block:
-    a deadlock on the GPU. The dot products must reduce with warp shuffles only."""
+    a deadlock on the GPU. The dot products must reduce with warp shuffles only (feat=1: one
+    lane per entry, nothing to combine)."""
     src = build("sddmm", "csr", "sm_90a", feat=feat).source()
     assert "__syncthreads" not in src
-    assert "__shfl" in src
+    assert ("__shfl" in src) == (feat > 1)
+
+
+@pytest.mark.parametrize("feat,vec,lanes", [(64, 4, 16), (32, 4, 8), (512, 4, 32), (34, 2, 16), (17, 1, 16)])
+def test_sddmm_lane_groups(feat, vec, lanes):
+    """One kernel: vec consecutive features per lane as one vector load of X and Y, a shuffle
+    reduction over `lanes` lanes (a power of two), then C = A * dot stored by the group's first lane."""
+    src = build("sddmm", "csr", "sm_90a", feat=feat).source()
+    assert len(kernel_defs(src)) == 1
+    if vec > 1:
+        assert f"*(float{vec}*)(Y_ptr + " in src and f"*(float{vec}*)(X_ptr + " in src
+    offsets = [int(o) for o in re.findall(r"__shfl_down_sync\(mask_ptr\[0\], red_buf0_ptr\[0\], (\d+), 32\)", src)]
+    assert max(offsets) == lanes // 2 and "__syncthreads" not in src
+    assert re.search(r"C_ptr\[[^]]*\] = \(A_ptr\[[^]]*\] \* red_buf0_ptr\[0\]\)", src)
+
+
+@pytest.mark.parametrize("knobs", [{"lanes": 32, "vec": 1, "groups": 1, "rows_per_block": 1},
+                                   {"lanes": 8, "vec": 2, "groups": 8, "rows_per_block": 2}])
+def test_sddmm_knobs(knobs):
+    k = sparsec.compile("sddmm", "csr", feat=64, target="cuda:sm_90a", knobs=knobs)
+    threads = knobs["lanes"] * knobs["groups"] * knobs["rows_per_block"]
+    assert int(kernel_defs(k.source())[0][0]) == threads
+    assert {n: k.knobs[n] for n in knobs} == knobs
 
 
 @pytest.mark.parametrize("spec", ["csr", "bsr:2x2", "ell:8"])
@@ -117,7 +141,7 @@ def test_spmm_wide_feat_compiles_for_cuda(feat, spec):
 def test_cuda_kernel_knobs_recorded():
     k = build("spmm", "bsr:4x4", "sm_90a")
     assert k.target.name == "cuda:sm_90a"
-    assert k.knobs == {"rows_per_block": 4, "vec": 4}
+    assert k.knobs == {"rows_per_block": "auto", "vec": 4, "slots_per_block": 64, "unroll": 2}
 
 
 # ---------------------------------------------------------------- nvcc side

@@ -15,6 +15,8 @@ from ..expr import BinOp, Expr, Load, Var, render, walk
 from .flatten import FlatProgram
 from .positions import LoopNest, iv
 
+ATOMIC_ATTR = "sparsec_atomic"  # block annotation: stores into global memory must be atomic adds
+
 
 class _Printer:
     def __init__(self):
@@ -101,13 +103,15 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool):
             p(depth, f"T.reads({read_txt})")
             p(depth, f"T.writes({render(nest.target, dtype)})")
             target = render(nest.target, dtype)
-            if nest.reduce is not None and nest.init:
+            if atomic:
+                # Written as an owning reduction (T.init, then +=) marked ATOMIC_ATTR: the schedule
+                # accumulates it in registers like any other, and schedules.atomics turns the
+                # stores that reach global memory into atomicAdd (one per output element per row).
+                p(depth, f'T.sblock_attr({{"{ATOMIC_ATTR}": 1}})')
+            if nest.reduce is not None and (nest.init or atomic):
                 p(depth, "with T.init():")
                 p(depth + 1, f"{target} = {render(_identity(nest.reduce), dtype)}")
-            if atomic:
-                p(depth, f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of({target}), '
-                         f"{render(nest.value, dtype)}))")
-            elif nest.reduce is not None:
+            if nest.reduce is not None:
                 p(depth, f"{target} = {_combine(nest.reduce, target, render(nest.value, dtype))}")
             else:
                 p(depth, f"{target} = {render(nest.value, dtype)}")
