@@ -65,9 +65,11 @@ class MatrixCases:
 
 
 def default_format_for(op: str, stats: Dict[str, float]) -> str:
-    """The sparsec format a case uses when none is given. ``stats`` (see :func:`matrix_stats`)
-    is what a rule would decide on: row-length skew, density, size. For now: CSR."""
-    return "csr"
+    """The sparsec format a case uses when none is given: sparsec's own rule
+    (``sparsec.formats.choose``) on the row-length statistics of :func:`matrix_stats`."""
+    from sparsec.formats.choose import default_format
+
+    return default_format(op, stats)
 
 
 def matrix_stats(m: sp.csr_matrix) -> Dict[str, float]:
