@@ -21,19 +21,22 @@ def spmm() -> Operator:
 
 
 def sddmm() -> Operator:
-    """SDDMM: ``C[i, j] = A[i, j] * sum_k X[i, k] * Y[k, j]`` over A's stored entries."""
-    op = Operator("sddmm", "C[i, j] = A[i, j] * sum_k X[i, k] * Y[k, j] over A's non-zeros")
+    """SDDMM: ``C[i, j] = A[i, j] * sum_k X[i, k] * Y[j, k]`` over A's stored entries.
+
+    Both dense operands are row-major over the features (X is rows x feat, Y is cols x feat),
+    as in DGL and SparseTIR: a stored entry reads two contiguous feature rows."""
+    op = Operator("sddmm", "C[i, j] = A[i, j] * sum_k X[i, k] * Y[j, k] over A's non-zeros")
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
     K = op.dense_fixed("k", extent="feat")
     A = op.sparse_input("A", (I, J))
     X = op.dense_input("X", (I, K))
-    Y = op.dense_input("Y", (K, J))
+    Y = op.dense_input("Y", (J, K))
     C = op.sparse_output("C", (I, J))
     # The dot product first, then the scale: an infinite A[i, j] gives +-inf as scipy does,
     # where folding A into every term (inf * x - inf * y) would give NaN.
     with op.iterate([I, J, K], "SSR") as (i, j, k):
-        C[i, j] += X[i, k] * Y[k, j]
+        C[i, j] += X[i, k] * Y[j, k]
     with op.iterate([I, J], "SS") as (i, j):
         C[i, j] = A[i, j] * C[i, j]
     return op

@@ -15,6 +15,7 @@ def spmm(A: FormatInstance, B) -> np.ndarray:
 
 
 def sddmm(A: FormatInstance, X, Y) -> np.ndarray:
+    """``A[i, j] * (X[i, :] . Y[j, :])`` at every stored slot (X: rows x feat, Y: cols x feat)."""
     rows, cols = A.stored_coords()
     ok = rows >= 0
     X = np.asarray(X, dtype=np.float64)
@@ -26,7 +27,7 @@ def sddmm(A: FormatInstance, X, Y) -> np.ndarray:
     vals = A.slot_values()[ok].astype(np.float64)
     res = np.empty(r.size)
     for s in range(0, r.size, step):
-        res[s:s + step] = np.einsum("ij,ji->i", X[r[s:s + step]], Y[:, c[s:s + step]])
+        res[s:s + step] = np.einsum("ij,ij->i", X[r[s:s + step]], Y[c[s:s + step]])
     out[ok] = vals * res
     return out
 

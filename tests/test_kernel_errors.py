@@ -52,17 +52,17 @@ def test_spmm_B_wrong_shape(spmm, A, rng, shape):
 
 def test_sddmm_X_wrong_shape(sddmm, A, rng):
     with pytest.raises(ValueError, match=rf"sddmm: X should have shape \({ROWS}, {FEAT}\)"):
-        sddmm(A, dense(rng, (ROWS + 1, FEAT)), dense(rng, (FEAT, COLS)))
+        sddmm(A, dense(rng, (ROWS + 1, FEAT)), dense(rng, (COLS, FEAT)))
 
 
 def test_sddmm_Y_wrong_shape(sddmm, A, rng):
-    with pytest.raises(ValueError, match=rf"sddmm: Y should have shape \({FEAT}, {COLS}\)"):
-        sddmm(A, dense(rng, (ROWS, FEAT)), dense(rng, (COLS, FEAT)))  # transposed Y
+    with pytest.raises(ValueError, match=rf"sddmm: Y should have shape \({COLS}, {FEAT}\)"):
+        sddmm(A, dense(rng, (ROWS, FEAT)), dense(rng, (FEAT, COLS)))  # transposed Y
 
 
 def test_sddmm_X_Y_swapped(sddmm, A, rng):
     with pytest.raises(ValueError, match=r"sddmm: X should have shape"):
-        sddmm(A, dense(rng, (FEAT, COLS)), dense(rng, (ROWS, FEAT)))
+        sddmm(A, dense(rng, (COLS, FEAT)), dense(rng, (ROWS, FEAT)))
 
 
 def test_wrong_dtype_dense(spmm, A, rng):
@@ -146,7 +146,7 @@ def test_out_wrong_dtype(spmm, A, rng):
 
 def test_sddmm_out_wrong_length(sddmm, A, rng):
     with pytest.raises(ValueError, match=rf"out C should be float32 with shape \({A.stored},\)"):
-        sddmm(A, dense(rng, (ROWS, FEAT)), dense(rng, (FEAT, COLS)), out=np.zeros(A.stored + 1, np.float32))
+        sddmm(A, dense(rng, (ROWS, FEAT)), dense(rng, (COLS, FEAT)), out=np.zeros(A.stored + 1, np.float32))
 
 
 def test_out_wrong_count(spmm, A, rng):
@@ -209,7 +209,7 @@ def test_empty_matrix_spmm(spec, rows, rng):
 @pytest.mark.parametrize("spec, rows", _zero_params())
 def test_empty_matrix_sddmm(spec, rows, rng):
     A = convert(sp.csr_matrix((rows, COLS), dtype=np.float32), spec)
-    X, Y = dense(rng, (rows, FEAT)), dense(rng, (FEAT, COLS))
+    X, Y = dense(rng, (rows, FEAT)), dense(rng, (COLS, FEAT))
     out = sparsec.compile("sddmm", A, feat=FEAT, target="llvm")(A, X, Y, poison=True)
     assert out.shape == (A.stored,)
     assert np.all(out == 0)

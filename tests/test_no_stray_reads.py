@@ -51,7 +51,7 @@ def test_padding_and_edges_are_never_read(op):
             B = fenced(rng, (cols, 6), dts.dense)
             out, ref = k(A, B, poison=True), reference.spmm(A, B)
         else:
-            X, Y = fenced(rng, (rows, 6), dts.dense), fenced(rng, (6, cols), dts.dense)
+            X, Y = fenced(rng, (rows, 6), dts.dense), fenced(rng, (cols, 6), dts.dense)
             out, ref = k(A, X, Y, poison=True), reference.sddmm(A, X, Y)
         if dts.exact:
             assert np.array_equal(out.astype(np.int64), ref.astype(np.int64)), name

@@ -33,7 +33,7 @@ def run_op(op, A, feat, rng, dtype=np.float32, **kw):
     if op == "spmm":
         B = dense(rng, (cols, feat), dtype)
         return kernel(op, A, feat)(A, B, poison=True, **kw), reference.spmm(A, B)
-    X, Y = dense(rng, (rows, feat), dtype), dense(rng, (feat, cols), dtype)
+    X, Y = dense(rng, (rows, feat), dtype), dense(rng, (cols, feat), dtype)
     return kernel(op, A, feat)(A, X, Y, poison=True, **kw), reference.sddmm(A, X, Y)
 
 
@@ -57,14 +57,14 @@ def test_op_matches_reference(op, spec, case, feat):
 
 
 def test_sddmm_maps_back_to_scipy():
-    """to_scipy(values) puts each SDDMM value at its coordinate: A .* (X @ Y)."""
+    """to_scipy(values) puts each SDDMM value at its coordinate: A .* (X @ Y.T)."""
     m = make_matrix("uniform", 37, 53, seed=11)
     rng = np.random.default_rng(12)
     for spec in SPECS:
         A = convert(m, spec)
-        X, Y = dense(rng, (37, 7)), dense(rng, (7, 53))
+        X, Y = dense(rng, (37, 7)), dense(rng, (53, 7))
         out = kernel("sddmm", A, 7)(A, X, Y, poison=True)
-        want = m.astype(np.float64).multiply(X.astype(np.float64) @ Y.astype(np.float64)).toarray()
+        want = m.astype(np.float64).multiply(X.astype(np.float64) @ Y.astype(np.float64).T).toarray()
         check(A.to_scipy(out).toarray(), want, 1e-5)
 
 
@@ -109,7 +109,7 @@ def test_torch_sddmm_in_and_out(spec):
     m = make_matrix("uniform", 37, 53, seed=seed_of("torch-sddmm", spec))
     A = convert(m, spec)
     g = torch.Generator().manual_seed(4)
-    X, Y = torch.randn(37, 33, generator=g), torch.randn(33, 53, generator=g)
+    X, Y = torch.randn(37, 33, generator=g), torch.randn(53, 33, generator=g)
     k = kernel("sddmm", A, 33)
     got = k(A, X, Y, poison=True)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (A.stored,)
@@ -185,10 +185,10 @@ def _sddmm_vs_scipy(spec, nan, inf):
     m = _with_specials(make_matrix("uniform", 37, 53, seed=34), seed=35, nan=nan, inf=inf)
     A = convert(m, spec)
     rng = np.random.default_rng(36)
-    X, Y = dense(rng, (37, 7)), dense(rng, (7, 53))
+    X, Y = dense(rng, (37, 7)), dense(rng, (53, 7))
     out = kernel("sddmm", A, 7)(A, X, Y, poison=True)
     # scipy: A .* (X @ Y) over A's stored entries, read at every stored slot's coordinate
-    want = m.astype(np.float64).multiply(X.astype(np.float64) @ Y.astype(np.float64)).tocsr()
+    want = m.astype(np.float64).multiply(X.astype(np.float64) @ Y.astype(np.float64).T).tocsr()
     rows, cols = A.stored_coords()
     ok = rows >= 0
     want_at = np.asarray(want[rows[ok], cols[ok]]).ravel()
@@ -213,6 +213,6 @@ def test_inf_sddmm_matches_library_reference():
     m = _with_specials(make_matrix("uniform", 37, 53, seed=34), seed=35, nan=False, inf=True)
     A = convert(m, "csr")
     rng = np.random.default_rng(36)
-    X, Y = dense(rng, (37, 7)), dense(rng, (7, 53))
+    X, Y = dense(rng, (37, 7)), dense(rng, (53, 7))
     out = kernel("sddmm", A, 7)(A, X, Y, poison=True)
     check(out, reference.sddmm(A, X, Y))

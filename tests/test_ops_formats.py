@@ -117,7 +117,7 @@ def kernel(op: str, A, feat=None):
 def dense_like(rng, shape, dtype: str) -> np.ndarray:
     """A C-contiguous dense operand. Floating-point ones are views into a buffer whose
     ``shape[-1]`` elements before and after hold NaN, so a kernel reading out of bounds (a
-    padding slot's index -1: ``B[-1, k]``, ``Y[0, -1]``) yields NaN deterministically."""
+    padding slot's index -1: ``B[-1, k]``, ``Y[-1, 0]``) yields NaN deterministically."""
     if dtype == "int8":
         return rng.integers(-128, 127, size=shape, endpoint=True).astype(np.int8)
     n, pad = int(np.prod(shape)), max(int(shape[-1]), 1)
@@ -215,7 +215,7 @@ def test_spmm_sddmm(name, data, feat, seed):
     B = dense_like(rng, (cols, feat), ds.dense)
     assert_matches(k(inst, B, poison=True), reference.spmm(inst, B), k)
 
-    X, Y = dense_like(rng, (rows, feat), ds.dense), dense_like(rng, (feat, cols), ds.dense)
+    X, Y = dense_like(rng, (rows, feat), ds.dense), dense_like(rng, (cols, feat), ds.dense)
     k = kernel("sddmm", inst, feat)
     out = k(inst, X, Y, poison=True)
     assert out.shape == (inst.stored,)
@@ -272,7 +272,7 @@ def test_auto_hyb_split_row_every_op():
         B = dense_like(rng, (cols, feat), "float32")
         assert_matches(kernel("spmm", inst, feat)(inst, B, poison=True), reference.spmm(inst, B),
                        kernel("spmm", inst, feat))
-        X, Y = dense_like(rng, (rows, feat), "float32"), dense_like(rng, (feat, cols), "float32")
+        X, Y = dense_like(rng, (rows, feat), "float32"), dense_like(rng, (cols, feat), "float32")
         k = kernel("sddmm", inst, feat)
         assert_matches(k(inst, X, Y, poison=True), reference.sddmm(inst, X, Y), k)
     for op, (_, ref) in TEST_OPS.items():
