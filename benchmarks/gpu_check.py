@@ -8,7 +8,7 @@ For each matrix (odd shapes with empty rows and one huge row, the embedded power
 uniform and power-law matrices of 100,000 rows) and each format, the kernel runs on
 torch CUDA tensors with poisoned (NaN) outputs, and is compared with torch's result in
 float64 on the GPU: the dense product ``A.to_dense() @ B`` where A fits densely, else
-``torch.sparse.mm`` on the CSR matrix; SDDMM from the dense product ``X @ Y`` gathered
+``torch.sparse.mm`` on the CSR matrix; SDDMM from the dense product ``X @ Y.T`` gathered
 at the stored entries. Writes every row to $OUT/gpu_check.json and prints a table last.
 """
 from __future__ import annotations
@@ -127,12 +127,12 @@ def torch_sddmm_ref(inst, X, Y):
     r = torch.from_numpy(np.maximum(rows, 0)).to(X.device)
     c = torch.from_numpy(np.maximum(cols, 0)).to(X.device)
     vals = torch.from_numpy(inst.slot_values().astype(np.float64)).to(X.device)
-    X64, Yt64 = X.double(), Y.double().t().contiguous()
+    X64, Yt64 = X.double(), Y.double()  # Y is cols x feat
     out = torch.empty(inst.stored, dtype=torch.float64, device=X.device)
     step = 1 << 21
     for s in range(0, inst.stored, step):
         out[s:s + step] = (X64[r[s:s + step]] * Yt64[c[s:s + step]]).sum(1)
-    return torch.where(ok, out * vals, torch.zeros_like(out)), "gathered X @ Y"
+    return torch.where(ok, out * vals, torch.zeros_like(out)), "gathered X @ Y.T"
 
 
 def rel_err(out, ref):
@@ -213,7 +213,7 @@ def main():
                                  reference=how, conversion_s=conv, knobs=k.knobs))
                 k = kernel("sddmm", "sddmm", inst, feat)
                 X = dense_input(k, 0, (m.shape[0], feat), rng, dev)
-                Y = dense_input(k, 1, (feat, m.shape[1]), rng, dev)
+                Y = dense_input(k, 1, (m.shape[1], feat), rng, dev)
                 got = k(inst, X, Y, poison=True)
                 ref, how = torch_sddmm_ref(inst, X, Y)
                 rows.append(dict(op="sddmm", matrix=mname, format=label, spec=inst.format.spec, kind=kind, feat=feat,
