@@ -4,7 +4,9 @@ Measured on an H200 (benchmarks/results/spmm_check_H200.json: csr and fused hyb 
 nine real graphs and two R-MAT graphs at F = 32/128/512): CSR's one-row-per-thread-group
 kernel wins on regular rows (co-authorship graphs, meshes: coefficient of variation of the
 row length <= 1.5 and no row over ~300 entries), and hyb wins everywhere else because it
-splits long rows over many thread groups. The tuner (issue 5) refines this per matrix.
+splits long rows over many thread groups. SDDMM shows the same split
+(benchmarks/results/sddmm_check_H200.json: hyb up to 13x over cuSPARSE on R-MAT, where
+CSR's longest row serialises a warp). The tuner (issue 5) refines this per matrix.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ def row_stats(m) -> Dict[str, float]:
 
 
 def default_format(op: str, stats: Dict[str, float]) -> str:
-    """``"csr"`` or ``"hyb"`` for SpMM-like operators, ``"csr"`` for the others."""
-    if op != "spmm":
+    """``"csr"`` or ``"hyb"`` for SpMM and SDDMM, ``"csr"`` for other operators."""
+    if op not in ("spmm", "sddmm"):
         return "csr"
     regular = stats["row_len_cv"] <= REGULAR_CV and stats["row_len_max"] <= REGULAR_MAX_ROW
     return "csr" if regular else "hyb"

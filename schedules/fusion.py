@@ -4,7 +4,7 @@ Each part of a composite format (hyb's buckets, bsr+csr's pieces) is its own loo
 whose row loop the template binds to ``blockIdx.x``. Launched one by one, the narrow parts
 are tiny kernels and the launches serialise. Fused, one grid holds every part's blocks:
 block ``b`` runs part ``k`` where ``off_k <= b < off_k + blocks_k``, with its own row loop
-variable bound to ``b - off_k``. The parts' thread extents must agree (the templates give
+variable running over the one value ``b - off_k``. The parts' thread extents must agree (the templates give
 every part of one operator the same threadIdx shape); parts run concurrently, so only
 nests that write disjoint outputs, or add atomically, are fused: the parts of one
 statement after its fill nest.
@@ -18,13 +18,23 @@ from tvm import s_tir, tirx
 from .tir_rewrite import with_fields
 
 
+def _fusable_key(nest):
+    """Nests with equal keys may share a launch: parts of one statement that own their
+    outputs or add atomically (a part that adds into the output without atomics relies on
+    the launches' order)."""
+    if nest.part is None or nest.fill or not (nest.init or nest.atomic):
+        return None
+    return nest.name.rsplit("_p", 1)[0]
+
+
 def fusable_groups(program) -> List[List[int]]:
     """Indices of consecutive nests that are parts of one statement (fill nests excluded)."""
+    return _groups([_fusable_key(n) for n in program.nests])
+
+
+def _groups(keys) -> List[List[int]]:
     groups, current, origin = [], [], None
-    for i, nest in enumerate(program.nests):
-        # a part that adds into the output without atomics relies on the launches' order
-        safe = nest.part is not None and not nest.fill and (nest.init or nest.atomic)
-        key = nest.name.rsplit("_p", 1)[0] if safe else None
+    for i, key in enumerate(keys):
         if key is not None and key == origin:
             current.append(i)
             continue
@@ -37,27 +47,51 @@ def fusable_groups(program) -> List[List[int]]:
 
 
 def fuse_parts(func: tirx.PrimFunc, program) -> tirx.PrimFunc:
-    """``func`` with each group of :func:`fusable_groups` launched as one kernel."""
+    """``func`` with each run of consecutive top-level launches of fusable parts (see
+    :func:`fusable_groups`) launched as one kernel. Launches are matched to nests by block
+    name, so nests a schedule merged away (SDDMM's scale) do not disturb the grouping."""
     realize = func.body
     if not isinstance(realize, s_tir.SBlockRealize) or not isinstance(realize.block.body, tirx.SeqStmt):
         return func
     seq = list(realize.block.body.seq)
-    groups = fusable_groups(program)
-    if not groups or len(seq) != len(program.nests):
+    by_block = {}
+    for n in program.nests:
+        by_block[n.name] = n
+        by_block[f"{n.name}_0"] = n
+    keys = []
+    for stmt in seq:
+        nest = by_block.get(_first_block_name(stmt))
+        keys.append(_fusable_key(nest) if nest is not None and _is_grid_loop(stmt) else None)
+    groups = _groups(keys)
+    if not groups:
         return func
-    out, done = [], set()
-    for i, stmt in enumerate(seq):
-        if i in done:
-            continue
-        group = next((g for g in groups if g[0] == i), None)
-        loops = [seq[j] for j in group] if group else []
-        if not group or not all(_is_grid_loop(l) for l in loops):
-            out.append(stmt)
-            continue
-        out.append(_fuse(loops))
-        done.update(group)
-    block = with_fields(realize.block, body=tirx.SeqStmt(out))
+    out, i = [], 0
+    starts = {g[0]: g for g in groups}
+    while i < len(seq):
+        if i in starts:
+            g = starts[i]
+            out.append(_fuse([seq[j] for j in g]))
+            i = g[-1] + 1
+        else:
+            out.append(seq[i])
+            i += 1
+    block = with_fields(realize.block, body=out[0] if len(out) == 1 else tirx.SeqStmt(out))
     return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
+
+
+def _first_block_name(stmt):
+    while stmt is not None:
+        if isinstance(stmt, s_tir.SBlockRealize):
+            return stmt.block.name_hint
+        if isinstance(stmt, tirx.SeqStmt):
+            stmt = stmt.seq[0] if len(stmt.seq) else None
+        elif isinstance(stmt, (tirx.For, tirx.AttrStmt)):
+            stmt = stmt.body
+        elif isinstance(stmt, tirx.IfThenElse):
+            stmt = stmt.then_case
+        else:
+            return None
+    return None
 
 
 def _is_grid_loop(stmt) -> bool:
@@ -76,7 +110,9 @@ def _fuse(loops) -> tirx.For:
         offsets.append(offsets[-1] + l.extent)
     body = None
     for l, off in reversed(list(zip(loops, offsets))):
-        branch = tirx.SeqStmt([tirx.Bind(l.loop_var, bx - off), l.body])
+        # the part's own block loop becomes a one-iteration loop starting at bx - off: loop-domain
+        # analyses (buffer compaction) still see a single point, which a let binding hides
+        branch = tirx.For(l.loop_var, bx - off, tirx.IntImm("int32", 1), tirx.ForKind.SERIAL, l.body)
         body = branch if body is None else tirx.IfThenElse(bx < off + l.extent, branch, body)
     total = offsets[-1] + loops[-1].extent
     first = loops[0]

@@ -31,6 +31,10 @@ def test_power_law_rows_get_hyb():
     assert default_format("spmm", s) == "hyb"
 
 
-def test_sddmm_and_empty_matrices_get_csr():
+def test_sddmm_follows_the_same_rule_and_empty_matrices_get_csr():
     assert default_format("sddmm", row_stats(_matrix(np.full(10, 3)))) == "csr"
+    lengths = np.full(500, 8)
+    lengths[3] = 1500
+    assert default_format("sddmm", row_stats(_matrix(lengths))) == "hyb"
+    assert default_format("rowsum", row_stats(_matrix(lengths))) == "csr"
     assert default_format("spmm", row_stats(sp.csr_matrix((5, 5)))) == "csr"
