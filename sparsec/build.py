@@ -19,7 +19,7 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import default_cpu, default_cuda, finalize_cuda
+from .schedules import default_cpu, default_cuda, finalize_cuda, tensorcore
 from .targets import parse_target
 
 
@@ -55,11 +55,16 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     dtype = dtype_spec(dtype or "float32").name
     spec = parse_target(target)
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda")
-    sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
-    template = default_cpu if spec.kind == "llvm" else default_cuda
-    used = template(sch, program, **(knobs or {}))
-    mod = finalize_cuda(sch.mod, program) if spec.kind == "cuda" else sch.mod
-    with spec.tvm_target():
+    config = {}
+    if tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
+        sch, used = tensorcore.schedule(program, **(knobs or {}))
+        mod, config = sch.mod, tensorcore.PASS_CONFIG
+    else:
+        sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
+        template = default_cpu if spec.kind == "llvm" else default_cuda
+        used = template(sch, program, **(knobs or {}))
+        mod = finalize_cuda(sch.mod, program) if spec.kind == "cuda" else sch.mod
+    with spec.tvm_target(), tvm.transform.PassContext(opt_level=2, config=config):
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())

@@ -1,0 +1,442 @@
+"""Tensor Core template for BSR SpMM (fp16 / bf16 values, fp32 accumulation) on CUDA.
+
+The generic lowering reads each stored block and its B rows through data-dependent
+indices, which TVM cannot blockize or tensorize (tvm-0.27 notes §4.3). This template
+starts from a *staged* form of the same operator instead, where every tile the Tensor
+Cores read is first gathered into a constant-shape buffer:
+
+    for bi (block rows), bj (N tiles of n_tile columns):            one thread block each
+      acc[bs, n_tile] = 0                                            (fp32)
+      for p in row_len(bi):                                          stored blocks of the row
+        A_s[bs, bs]     = A[block p]                                 gather (16-byte copies)
+        B_s[bs, n_tile] = B[col(p) * bs : +bs, bj * n_tile : +n_tile] (rows past `cols` read 0)
+        acc += A_s @ B_s                                             (fp32 accumulation)
+      C[bi * bs : +bs, bj * n_tile : +n_tile] = acc                  (rows past `rows` skipped)
+
+``staged_spmm`` builds that PrimFunc (same arguments as the generic kernel, so Kernel
+calls it the same way); run unscheduled on llvm it is the reference semantics.
+``bsr_tensorcore`` schedules it:
+
+* A_s, B_s in dynamic shared memory, filled with ``cp.async`` and software-pipelined
+  over p (``stages`` buffers: the copies for block p+stages-1 overlap the mma of p);
+* each warp owns a ``warp_m x warp_n`` tile of the output: per 16-deep k step it loads
+  warp_m/16 A and warp_n/16 B fragments with ``ldmatrix`` and issues
+  (warp_m/16)*(warp_n/16)*2 ``mma.sync.m16n8k16`` (fp32 accumulators in registers);
+* the accumulators go to shared memory (``mma_store``) and from there to C with
+  16-byte stores, guarded at the matrix's last row.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+from tvm import s_tir
+from tvm.script import tirx as T
+
+from .knobs import transformation
+
+DTYPES = ("float16", "bfloat16")
+WARP = 32
+MAX_WARPS = 16
+_INTRINS: Dict[str, Dict[str, str]] = {}
+
+
+# --------------------------------------------------------------------------- when it applies
+
+
+PASS_CONFIG = {"tirx.use_async_copy": True}  # lowers the gathers marked async_scope to cp.async
+
+
+def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
+    """True when the Tensor Core template fits: CUDA, SpMM over one BSR part with square
+    blocks of a multiple of 16, fp16/bf16 values, and a feature count that is a multiple of
+    the N tile (else the generic template runs: correct, slower)."""
+    if target_kind != "cuda" or program.dtype.sparse not in DTYPES:
+        return False
+    if program.bound.composite or not _is_library_spmm(program):
+        return False
+    bs = block_size(program)
+    if bs is None:
+        return False
+    feat = feat_of(program)
+    n_tile = (knobs or {}).get("n_tile") or default_knobs(bs, feat)["n_tile"]
+    return feat % n_tile == 0
+
+
+def schedule(program, **knobs):
+    """The staged PrimFunc of ``program``'s shape scheduled by ``bsr_tensorcore``; returns
+    (schedule, knobs used). Knobs not given take ``default_knobs``; others are ignored."""
+    bs, feat = block_size(program), feat_of(program)
+    chosen = default_knobs(bs, feat)
+    chosen.update({k: v for k, v in knobs.items() if k in bsr_tensorcore.knobs})
+    func = staged_spmm(bs, feat, chosen["n_tile"], program.dtype.sparse, chosen["stages"], async_copy=True,
+                       name=program.name)
+    sch = s_tir.Schedule(func, enable_check=False)
+    bsr_tensorcore(sch, program, **chosen)
+    return sch, chosen
+
+
+def _is_library_spmm(program) -> bool:
+    """The library SpMM (C = A @ B) with the staged function's argument list."""
+    from sparsec import ops
+
+    args = [(b.name, b.role) for b in program.buffers]
+    return (program.bound.op.doc == ops.spmm().doc and len(program.nests) == 1
+            and program.nests[0].reduce == "sum" and program.scalars == ["n_io", "rows", "cols"]
+            and args == [("indptr", "index"), ("indices", "index"), ("A", "input"), ("B", "input"), ("C", "output")])
+
+
+def block_size(program):
+    """The square block size of a BSR program (a multiple of 16), else None."""
+    part = program.bound.parts[0]
+    block = dict(getattr(part, "params", ())).get("block")
+    if not block or block[0] != block[1] or block[0] % 16:
+        return None
+    names = [type(a).__name__ for a in part.axes]
+    if names != ["DenseFixed", "SparseVariable", "DenseFixed", "DenseFixed"]:
+        return None
+    return int(block[0])
+
+
+def feat_of(program) -> int:
+    """The extent of the SpMM's dense (feature) loop (0 when it has none)."""
+    return int(next((b.loop.extent for b in program.nests[0].blocks[-1] if b.loop.role == "dense"), 0))
+
+
+def default_knobs(bs: int, feat: int) -> dict:
+    """4 warps for blocks of 16 and 32, 8 for 64; a 128-column N tile (64 when N is narrower)."""
+    n_tile = 128 if feat % 128 == 0 else 64
+    if bs == 16:
+        return {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}
+    if bs == 32:
+        return {"n_tile": n_tile, "warp_m": 32, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}
+    return {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
+
+
+# --------------------------------------------------------------------------- the staged operator
+
+
+def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, async_copy: bool = False,
+                name: str = "spmm"):
+    """The staged BSR SpMM PrimFunc (arguments as the generic kernel's: indptr, indices, A, B,
+    C, n_io, rows, cols). Staging buffers are global; the schedule moves them on chip.
+
+    ``stages`` > 1 software-pipelines the block loop by hand: A_s and B_s hold ``stages``
+    slots, and iteration p gathers block p into slot p % stages while the product reads
+    block p - stages + 1 (the loop runs stages - 1 extra iterations to drain). With
+    ``async_copy`` (CUDA) the gathers are marked for ``cp.async``: each iteration commits
+    one copy group (empty past the row's end) and the product waits until at most
+    stages - 1 groups are in flight."""
+    BS, F, NT, DT, S = bs, feat, n_tile, dtype, stages
+    zero = T.Cast(DT, 0)
+
+    @T.prim_func(s_tir=True)
+    def spmm(indptr_h: T.handle, indices_h: T.handle, A_h: T.handle, B_h: T.handle, C_h: T.handle,
+             n_io: T.int32, rows: T.int32, cols: T.int32):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        nnz = T.int32()
+        indptr = T.match_buffer(indptr_h, (n_io + 1,), "int32")
+        indices = T.match_buffer(indices_h, (nnz,), "int32")
+        A = T.match_buffer(A_h, (nnz * BS * BS,), DT)
+        B = T.match_buffer(B_h, (cols, F), DT)
+        C = T.match_buffer(C_h, (rows, F), "float32")
+        for bi, bj in T.grid(T.max(n_io, 1), F // NT):
+            with T.sblock("tile"):
+                vbi, vbj = T.axis.remap("SS", [bi, bj])
+                T.reads(indptr[0:n_io + 1], indices[0:nnz], A[0:nnz * BS * BS], B[0:cols, 0:F])
+                T.writes(C[0:rows, vbj * NT:vbj * NT + NT])
+                A_s = T.sblock_alloc_buffer((S, BS, BS), DT)
+                B_s = T.sblock_alloc_buffer((S, BS, NT), DT)
+                acc = T.sblock_alloc_buffer((BS, NT), "float32")
+                C_s = T.sblock_alloc_buffer((BS, NT), "float32")
+                for i, j in T.grid(BS, NT):
+                    with T.sblock("acc_init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        T.reads()
+                        T.writes(acc[vi, vj])
+                        acc[vi, vj] = T.float32(0)
+                # a grid padded to one block row (n_io = 0) reads indptr[0] - indptr[0] = 0 blocks
+                start = T.int32(indptr[T.min(vbi, n_io)])
+                row_len = T.int32(indptr[T.min(vbi + 1, n_io)] - start)
+                for p in range(row_len + S - 1):
+                    with T.attr(0, "async_commit_queue_scope" if async_copy else "sparsec_copy", 0):
+                        if p < row_len:
+                            with T.attr(0, "async_scope" if async_copy else "sparsec_copy", 1):
+                                for i, k in T.grid(BS, BS):
+                                    with T.sblock("A_load"):
+                                        vp = T.axis.opaque(row_len + S - 1, p)
+                                        vi, vk = T.axis.remap("SS", [i, k])
+                                        T.reads(A[((start + vp) * BS + vi) * BS + vk])
+                                        T.writes(A_s[0:S, vi, vk])  # any slot: covers the product's reads
+                                        A_s[vp % S, vi, vk] = A[((start + vp) * BS + vi) * BS + vk]
+                            with T.attr(0, "async_scope" if async_copy else "sparsec_copy", 1):
+                                for k, j in T.grid(BS, NT):
+                                    with T.sblock("B_load"):
+                                        vp = T.axis.opaque(row_len + S - 1, p)
+                                        vk, vj = T.axis.remap("SS", [k, j])
+                                        T.reads(indices[start + vp], B[indices[start + vp] * BS + vk, vbj * NT + vj])
+                                        T.writes(B_s[0:S, vk, vj])
+                                        B_s[vp % S, vk, vj] = T.if_then_else(
+                                            indices[start + vp] * BS + vk < cols,
+                                            B[indices[start + vp] * BS + vk, vbj * NT + vj], zero)
+                    if p >= S - 1:
+                        use = T.int32((p + 1) % S)  # the slot of block p - S + 1 (a let: affine for blockize)
+                        with T.attr(0, "async_wait_queue_scope" if async_copy else "sparsec_wait", 0):
+                            with T.attr(0, "async_wait_inflight_count" if async_copy else "sparsec_wait", S - 1):
+                                with T.sblock("step"):  # fragments of slot `use` are allocated in here
+                                    T.reads(acc[0:BS, 0:NT], A_s[use, 0:BS, 0:BS], B_s[use, 0:BS, 0:NT])
+                                    T.writes(acc[0:BS, 0:NT])
+                                    for i, j, k in T.grid(BS, NT, BS):
+                                        with T.sblock("mma"):
+                                            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                                            T.reads(acc[vi, vj], A_s[use, vi, vk], B_s[use, vk, vj])
+                                            T.writes(acc[vi, vj])
+                                            acc[vi, vj] = acc[vi, vj] + T.Cast("float32", A_s[use, vi, vk]) * T.Cast(
+                                                "float32", B_s[use, vk, vj])
+                for i, j in T.grid(BS, NT):
+                    with T.sblock("acc_out"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        T.reads(acc[vi, vj])
+                        T.writes(C_s[vi, vj])
+                        C_s[vi, vj] = acc[vi, vj]
+                for i, j in T.grid(BS, NT):
+                    with T.sblock("C_store"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        T.where(vbi * BS + i < rows)
+                        T.reads(C_s[vi, vj])
+                        T.writes(C[vbi * BS + vi, vbj * NT + vj])
+                        C[vbi * BS + vi, vbj * NT + vj] = C_s[vi, vj]
+
+    return spmm
+
+
+# --------------------------------------------------------------------------- tensor intrinsics
+
+
+def intrinsics(dtype: str) -> Dict[str, str]:
+    """Names of the ldmatrix / mma / fill / store intrinsics for ``dtype`` (TVM's for float16;
+    bf16 variants of ldmatrix and mma are registered here, as TVM 0.27 ships none)."""
+    if dtype in _INTRINS:
+        return _INTRINS[dtype]
+    import tvm.s_tir.tensor_intrin.cuda as cu  # ~26 s: parses every TVM intrinsic
+
+    from tvm.s_tir import TensorIntrin
+
+    # fragments -> static shared memory (the f32 staging of C is kept out of the merged
+    # dynamic allocation: TVM 0.27 mistypes mma_store's pointer when it shares bytes with f16)
+    store = "sparsec_mma_store_16x16_f32_shared"
+    if TensorIntrin.get(store, allow_missing=True) is None:
+        TensorIntrin.register(store, *cu.get_mma_store_intrin("float32", 8, "shared", True))
+    names = {"fill": cu.MMA_fill_16x16_f32_INTRIN, "store": store}
+    if dtype == "float16":
+        names.update(ld_a=cu.LDMATRIX_f16_A_DYN_INTRIN, ld_b=cu.LDMATRIX_f16_B_DYN_INTRIN,
+                     mma=cu.MMA_f16f16f32_INTRIN)
+    else:
+        names.update(_register_bf16(cu))
+    _INTRINS[dtype] = names
+    return names
+
+
+def _register_bf16(cu) -> Dict[str, str]:
+    """ldmatrix (A, B from dynamic shared memory) and mma.m16n8k16 bf16 x bf16 -> fp32,
+    following TVM's float16 generators (ldmatrix moves 16-bit words, whatever their type)."""
+    from tvm.s_tir import TensorIntrin
+
+    layout = cu.shared_16x16_to_ldmatrix_32x8_layout
+    names = {"ld_a": "sparsec_ldmatrix_bf16_a_dyn", "ld_b": "sparsec_ldmatrix_bf16_b_dyn",
+             "mma": "sparsec_mma_bf16bf16f32"}
+    for key, trans in (("ld_a", False), ("ld_b", True)):
+        if TensorIntrin.get(names[key], allow_missing=True) is None:
+            TensorIntrin.register(names[key], *_ldmatrix_intrin("bfloat16", trans, layout))
+    if TensorIntrin.get(names["mma"], allow_missing=True) is None:
+        TensorIntrin.register(names["mma"], *_mma_intrin("bfloat16", "bf16", layout))
+    return names
+
+
+def _ldmatrix_intrin(dtype: str, trans: bool, layout):
+    """A 16x16 tile of 16-bit values from shared.dyn into the mma fragment layout (A: as is;
+    B: ``.trans``, as its k rows are contiguous in shared memory)."""
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_h: T.handle, shared_h: T.handle) -> None:
+        shared = T.match_buffer(shared_h, (16, 16), dtype, align=64, offset_factor=16, scope="shared.dyn")
+        warp = T.match_buffer(warp_h, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:WARP, 0:8])
+            for ax0, ax1 in T.grid(16, 16):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    T.reads(shared[v0, v1])
+                    thread_id, local_id = T.meta_var(layout(v0, v1))
+                    T.writes(warp[thread_id, local_id])
+                    warp[thread_id, local_id] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_h: T.handle, shared_h: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_h, (16, 16), dtype, align=64, offset_factor=16, scope="shared.dyn",
+                                strides=[s0, s1])
+        warp = T.match_buffer(warp_h, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:WARP, 0:8])
+            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.ldmatrix(trans, 4, ".b16", warp.data, warp.elem_offset + 8 * tx,
+                                                 shared.access_ptr("r"), s0 * (tx % 16) + 8 * (tx // 16),
+                                                 dtype=dtype))
+
+    return desc, impl
+
+
+def _mma_intrin(dtype: str, abbrv: str, layout):
+    """One 16x16x16 tile product as two mma.sync.m16n8k16 (row.col), fp32 accumulators."""
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
+        C = T.match_buffer(c, (WARP, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:WARP, 0:8], A[0:WARP, 0:8], B[0:WARP, 0:8])
+            T.writes(C[0:WARP, 0:8])
+            for i, j, k in T.grid(16, 16, 16):
+                with T.sblock("C"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    tc, lc = T.meta_var(layout(vi, vj))
+                    ta, la = T.meta_var(layout(vi, vk))
+                    tb, lb = T.meta_var(layout(vk, vj))
+                    T.reads(C[tc, lc], A[ta, la], B[tb, lb])
+                    T.writes(C[tc, lc])
+                    C[tc, lc] += T.Cast("float32", A[ta, la]) * T.Cast("float32", B[tb, lb])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
+        C = T.match_buffer(c, (WARP, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:WARP, 0:8], A[0:WARP, 0:8], B[0:WARP, 0:8])
+            T.writes(C[0:WARP, 0:8])
+            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
+                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8,
+                                            C.data, C.elem_offset + tx * 8, False, dtype="float32"))
+                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
+                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + 4,
+                                            C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
+
+    return desc, impl
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
+def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stages: int) -> int:
+    """Validate a knob combination for blocks of ``bs``; returns the warps per thread block."""
+    if warp_m > bs or bs % warp_m:
+        raise ValueError(f"bsr_tensorcore: warp_m should divide the block size {bs}, got {warp_m}")
+    if warp_n > n_tile or n_tile % warp_n:
+        raise ValueError(f"bsr_tensorcore: warp_n should divide n_tile {n_tile}, got {warp_n}")
+    if feat % n_tile:
+        raise ValueError(f"bsr_tensorcore: feat should be a multiple of n_tile {n_tile}, got {feat}")
+    warps = (bs // warp_m) * (n_tile // warp_n)
+    if warps > MAX_WARPS:
+        raise ValueError(f"bsr_tensorcore: (bs/warp_m)*(n_tile/warp_n) should be at most {MAX_WARPS} warps, "
+                         f"got {warps}")
+    return warps
+
+
+@transformation(knobs={"n_tile": (128, 64, 256), "warp_m": (32, 16, 64), "warp_n": (32, 16, 64),
+                       "stages": (2, 1, 3, 4)})
+def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int):
+    """Schedule ``staged_spmm`` onto Tensor Cores (see the module docstring).
+
+    Requires: ``sch`` holds ``staged_spmm(bs, feat, n_tile, dtype)``.
+    Before: tile(bi, bj): acc = 0; for p: A_s = ..; B_s = ..; acc += A_s @ B_s;  C = acc
+    After:  bx = bi, by = bj, ty = warps, tx = lanes;  acc in mma fragments;
+            for p (pipelined, cp.async): ldmatrix -> mma.sync per 16-deep step;  C via shared
+    """
+    bs = block_size(program)
+    warps = check_knobs(bs, feat_of(program), n_tile, warp_m, warp_n, stages)
+    names = intrinsics(program.dtype.sparse)
+    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as layout
+
+    def frag(i, j):
+        return (i // 16, j // 16, *layout(i % 16, j % 16))
+
+    def slot_frag(s, i, j):
+        return (s, i // 16, j // 16, *layout(i % 16, j % 16))
+
+    tile = sch.get_sblock("tile")
+    bi, bj = sch.get_loops(tile)
+    sch.bind(bi, "blockIdx.x")
+    sch.bind(bj, "blockIdx.y")
+    fm, fn = warp_m // 16, warp_n // 16
+    wm, wn = bs // warp_m, n_tile // warp_n
+
+    # on-chip buffers: A_s, B_s (dynamic shared), acc (mma fragments, per warp)
+    mma = sch.get_sblock("mma")
+    sch.set_scope(sch.get_sblock("A_load"), 0, "shared.dyn")
+    sch.set_scope(sch.get_sblock("B_load"), 0, "shared.dyn")
+    sch.set_scope(sch.get_sblock("acc_init"), 0, "warp")
+
+    # mma: (i, j, k) -> ty (warps), k steps, fragments, 16x16x16 tiles
+    i, j, k = sch.get_loops(mma)[-3:]
+    i0, i1, i2 = sch.split(i, [wm, fm, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, 16])
+    k0, k1 = sch.split(k, [None, 16])
+    sch.reorder(i0, j0, k0, i1, j1, i2, j2, k1)
+    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    tile_mma = sch.blockize(i2)
+    a_w = sch.cache_read(tile_mma, 1, "warp")  # reads: acc, A_s, B_s
+    b_w = sch.cache_read(tile_mma, 2, "warp")
+    sch.compute_at(a_w, k0)
+    sch.compute_at(b_w, k0)
+
+    # acc_init and the accumulators' way out (fragments -> shared -> C)
+    init = sch.get_sblock("acc_init")
+    i, j = sch.get_loops(init)[-2:]
+    i0, i1, i2 = sch.split(i, [wm, fm, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, 16])
+    sch.reorder(i0, j0, i1, j1, i2, j2)
+    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    store = sch.get_sblock("C_store")
+    acc_s = sch.get_sblock("acc_out")
+    sch.set_scope(acc_s, 0, "shared")
+    i, j = sch.get_loops(acc_s)[-2:]
+    i0, i1, i2 = sch.split(i, [wm, fm, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, 16])
+    sch.reorder(i0, j0, i1, j1, i2, j2)
+    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    i, j = sch.get_loops(store)[-2:]
+    _, ty, tx, vec = sch.split(sch.fuse(i, j), [None, warps, WARP, 4])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+
+    # gathers: 16-byte vectors over all threads
+    for name in ("A_load", "B_load"):
+        blk = sch.get_sblock(name)
+        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-2:]), [None, warps, WARP, 8])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        sch.storage_align(blk, 0, axis=-2, factor=32, offset=8)  # rows 16 bytes apart: no bank conflicts
+    sch.storage_align(acc_s, 0, axis=-2, factor=32, offset=4)
+
+    # fragments: layouts, then tensorize
+    for blk, (h, w) in ((a_w, (16, 16)), (b_w, (16, 16))):
+        a, b = sch.get_loops(blk)[-2:]
+        a0, a1 = sch.split(a, [None, h])
+        b0, b1 = sch.split(b, [None, w])
+        sch.reorder(a0, b0, a1, b1)
+    sch.transform_layout(a_w, ("write", 0), slot_frag)
+    sch.transform_layout(b_w, ("write", 0), slot_frag)
+    sch.transform_layout(init, ("write", 0), frag)
+    sch.tensorize(sch.get_loops(a_w)[-2], names["ld_a"])
+    sch.tensorize(sch.get_loops(b_w)[-2], names["ld_b"])
+    sch.tensorize(sch.get_loops(sch.get_sblock("mma"))[-3], names["mma"])
+    sch.tensorize(sch.get_loops(init)[-2], names["fill"])
+    sch.tensorize(sch.get_loops(acc_s)[-2], names["store"])
+
