@@ -1,0 +1,135 @@
+"""Tensor Core BSR SpMM (schedules/tensorcore.py): the staged operator's semantics on the CPU
+against float64, and the scheduled CUDA kernel's source (mma.sync m16n8k16, ldmatrix,
+cp.async), launch bounds, knobs and fallbacks; nvcc compiles it for sm_80 and sm_90a."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+
+import sparsec
+from sparsec.kernel import _compact
+from sparsec.schedules import tensorcore as tc
+
+from nvcc_tools import nvcc_many
+
+ARCHS = ("sm_80", "sm_90a")
+
+
+def block_matrix(bs, mb, kb, rows, cols, seed, density=0.5, dtype=np.float16):
+    """A rows x cols matrix of bs x bs blocks (block row 1 empty), values rounded to dtype."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((mb, kb)) < density
+    mask[1] = False
+    mask[0, 0] = True
+    dense = np.kron(mask, np.ones((bs, bs))) * rng.standard_normal((mb * bs, kb * bs))
+    return dense[:rows, :cols].astype(dtype)
+
+
+# ------------------------------------------------------------------- staged semantics (CPU)
+
+
+@pytest.mark.parametrize("bs,feat,n_tile,stages", [(16, 64, 64, 1), (32, 128, 64, 2), (16, 128, 128, 3),
+                                                   (64, 64, 64, 2)])
+def test_staged_operator_matches_float64(bs, feat, n_tile, stages):
+    """Edge blocks (rows and cols not multiples of bs), an empty block row (its outputs are
+    written as zeros over a NaN-poisoned C) and every pipeline depth."""
+    rows, cols = 4 * bs - 3, 3 * bs - 5
+    dense = block_matrix(bs, 4, 3, rows, cols, seed=bs + stages)
+    A = sparsec.formats.convert(dense, f"bsr:{bs}x{bs}")
+    B = np.random.default_rng(1).standard_normal((cols, feat)).astype(np.float16)
+    C = np.full((rows, feat), np.nan, np.float32)
+    ex = tvm.compile(tc.staged_spmm(bs, feat, n_tile, "float16", stages), target="llvm")
+    n_io = A.arrays["indptr"].size - 1
+    ex["spmm"](A.arrays["indptr"], A.arrays["indices"], A.data, B, C, n_io, rows, cols)
+    ref = dense.astype(np.float64) @ B.astype(np.float64)
+    np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-4)
+    assert np.all(C[bs:2 * bs] == 0)
+
+
+def test_staged_operator_with_no_block_rows():
+    """A 0-row matrix: the grid is padded to one block, which reads no blocks and writes nothing."""
+    ex = tvm.compile(tc.staged_spmm(16, 64, 64, "float16", 2), target="llvm")
+    C = np.zeros((0, 64), np.float32)
+    empty = [_compact(a) for a in (np.zeros(0, np.int32), np.zeros(0, np.float16), C)]
+    ex["spmm"](np.zeros(1, np.int32), empty[0], empty[1], np.ones((16, 64), np.float16), empty[2], 0, 0, 16)
+
+
+# ------------------------------------------------------------------- CUDA kernels
+
+CASES = {  # name: (block, feat, dtype, knobs)
+    "b16-fp16": (16, 256, "float16", {}),
+    "b32-fp16": (32, 512, "float16", {}),
+    "b64-fp16": (64, 256, "float16", {}),
+    "b32-bf16": (32, 256, "bfloat16", {}),
+    "b32-fp16-knobs": (32, 512, "float16", {"n_tile": 256, "warp_m": 16, "warp_n": 64, "stages": 4}),
+}
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return {(name, arch): sparsec.compile("spmm", f"bsr:{b}x{b}", feat=f, dtype=dt, knobs=kn, target=f"cuda:{arch}")
+            for name, (b, f, dt, kn) in CASES.items() for arch in ARCHS}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_source_is_a_tensor_core_kernel(kernels, name):
+    bs, feat, dtype, knobs = CASES[name]
+    k = kernels[(name, "sm_90a")]
+    src = k.source()
+    abbr = "f16" if dtype == "float16" else "bf16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{abbr}.{abbr}.f32" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
+    assert "cp.async.cg.shared.global" in src and "cp.async.commit_group" in src
+    used = k.knobs
+    assert used == {**tc.default_knobs(bs, feat), **knobs}
+    warps = (bs // used["warp_m"]) * (used["n_tile"] // used["warp_n"])
+    assert set(re.findall(r"__launch_bounds__\((\d+)\)", src)) == {str(32 * warps)}
+    if used["stages"] > 1:
+        assert f"cp.async.wait_group {used['stages'] - 1};" in src
+    assert k.outputs[0].dtype == "float32"
+
+
+def test_nvcc_compiles_tensor_core_kernels(kernels):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    results = nvcc_many({key: (k.source(), key[1]) for key, k in kernels.items()})
+    for key, (ok, log) in results.items():
+        assert ok, f"nvcc -arch={key[1]} failed for {key[0]}:\n{log[-3000:]}"
+
+
+def test_feat_not_a_multiple_of_the_tile_falls_back():
+    """feat = 96: no 64/128 column tile fits, so the generic template (no mma) compiles it."""
+    k = sparsec.compile("spmm", "bsr:32x32", feat=96, dtype="float16", target="cuda:sm_90a")
+    assert "mma.sync" not in k.source() and "n_tile" not in k.knobs
+    assert k.outputs[0].dtype == "float32"
+
+
+@pytest.mark.parametrize("spec,dtype", [("bsr:8x8", "float16"), ("bsr:16x32", "float16"), ("bsr:32x32", "float32"),
+                                        ("csr", "float16")])
+def test_other_formats_and_dtypes_take_the_generic_template(spec, dtype):
+    k = sparsec.compile("spmm", spec, feat=128, dtype=dtype, target="cuda:sm_90a")
+    assert "mma.sync" not in k.source()
+
+
+def test_cpu_target_takes_the_generic_template():
+    k = sparsec.compile("spmm", "bsr:16x16", feat=128, dtype="float16", target="llvm")
+    assert "n_tile" not in k.knobs
+
+
+@pytest.mark.parametrize("knobs,match", [
+    ({"warp_m": 64}, "warp_m should divide the block size 32"),
+    ({"n_tile": 64, "warp_n": 64, "warp_m": 16}, None),
+    ({"stages": 5}, "stages should be one of"),
+    ({"n_tile": 256, "warp_m": 16, "warp_n": 16}, "at most 16 warps"),
+])
+def test_knobs_are_validated(knobs, match):
+    if match is None:
+        k = sparsec.compile("spmm", "bsr:32x32", feat=128, dtype="float16", knobs=knobs, target="cuda:sm_90a")
+        assert k.knobs["warp_n"] == 64
+        return
+    with pytest.raises(ValueError, match=match):
+        sparsec.compile("spmm", "bsr:32x32", feat=256, dtype="float16", knobs=knobs, target="cuda:sm_90a")
