@@ -94,8 +94,8 @@ def markdown(result: dict) -> str:
         peaks = ", ".join(f"{d} {t:.3g}" for d, t in ceil.get("matmul_TFLOPs", {}).items())
         lines.append(f"Ceilings measured in the run: device copy {ceil['copy_GBps']:.0f} GB/s (read + write); "
                      f"dense matmul TFLOP/s: {peaks} (float32 with TF32 off).")
-    lines += ["", "Ratio = peer time / sparsec time (above 1×: sparsec is faster). Times are medians of per-call "
-              "CUDA-event timings (perf_counter in CPU dry runs) over rotated input copies after warm-up, in ms. Roofline = max(bytes / bandwidth, flops / peak) "
+    lines += ["", "Ratio = peer time / sparsec time (above 1×: sparsec is faster). Times are medians of CUDA-event "
+              "timings of 10 back-to-back calls divided by 10 (perf_counter per call in CPU dry runs) over rotated input copies after warm-up, in ms. Roofline = max(bytes / bandwidth, flops / peak) "
               "/ time, with compulsory bytes and flops.", ""]
     labels = result.get("peers") or {}
     for key, recs in groups(records).items():

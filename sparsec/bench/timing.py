@@ -1,7 +1,11 @@
 """One timer for sparsec and every peer.
 
-Each sample is one call between two CUDA events recorded on the current stream (the
-stream sparsec's kernels are launched on too: run.py enters ``tvm_ffi.use_torch_stream``).
+Each sample is ``batch`` back-to-back calls between two CUDA events recorded on the current
+stream (the stream sparsec's kernels are launched on too: run.py enters
+``tvm_ffi.use_torch_stream``), divided by ``batch``. Launches queue up as they do inside a
+model, so the host-side cost of a call (Python, the FFI, the launch) overlaps the GPU work
+instead of showing as idle GPU time between the events; sparsec and the peers are timed
+the same way.
 Samples follow a warm-up and are taken over R copies of the input set, called in turn,
 where R copies together hold several times the L2 cache: a call then reads its operands
 from memory, as it would inside a model, instead of from the cache its previous call
@@ -49,12 +53,12 @@ class Timing:
 
 
 class Timer:
-    """Median of per-call timings after a warm-up. The number of timed calls adapts to the
+    """Median of per-call timings (each sample a batch of calls) after a warm-up. The number of timed calls adapts to the
     call's length: as many as fit in ``budget_ms`` of work, between ``min_reps`` and
     ``max_reps``; the warm-up runs every copy at least once and ``warmup_ms`` at least."""
 
     def __init__(self, device: str = "cuda", *, warmup_ms: float = 25.0, budget_ms: float = 150.0,
-                 min_reps: int = 5, max_reps: int = 50):
+                 min_reps: int = 5, max_reps: int = 50, batch: int = 10):
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device should be 'cuda' or 'cpu', got {device!r}")
         if min_reps < 1 or max_reps < 1:
@@ -62,6 +66,9 @@ class Timer:
         self.device = device
         self.warmup_ms, self.budget_ms = warmup_ms, budget_ms
         self.min_reps, self.max_reps = min(min_reps, max_reps), max_reps
+        if batch < 1:
+            raise ValueError(f"batch should be at least 1, got {batch}")
+        self.batch = batch
 
     def measure(self, calls: Sequence[Callable[[], object]]) -> Timing:
         """Time ``calls`` (one per copy of the input set, cycled in order)."""
@@ -102,14 +109,19 @@ class Timer:
             return out
         import torch
 
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
+        batch = self.batch
+        n = max(self.min_reps, -(-reps // batch))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        k = 0
+        for i in range(n):
             starts[i].record()
-            calls[i % len(calls)]()
+            for _ in range(batch):
+                calls[k % len(calls)]()
+                k += 1
             ends[i].record()
         torch.cuda.synchronize()
-        return np.array([s.elapsed_time(e) for s, e in zip(starts, ends)])
+        return np.array([s.elapsed_time(e) / batch for s, e in zip(starts, ends)])
 
 
 def device_l2_bytes() -> int:
