@@ -25,10 +25,14 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-if "TVM_CUDA_COMPILE_MODE" not in os.environ:
+if "TVM_CUDA_COMPILE_MODE" not in os.environ:  # TVM's default NVRTC path needs cuda-bindings
+    import importlib.util
+
     try:
-        import cuda.bindings  # noqa: F401  (TVM's default NVRTC path needs it)
+        has_bindings = importlib.util.find_spec("cuda.bindings") is not None
     except ImportError:
+        has_bindings = False
+    if not has_bindings:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
 import sparsec  # noqa: E402
@@ -71,13 +75,13 @@ def block_mask_matrix(M, K, b, sparsity, seed):
 class Timer:
     """Median ms per launch of fn(), CUDA events around batches (perf_counter on the CPU)."""
 
-    def __init__(self, cuda: bool, number: int, repeat: int):
-        self.cuda, self.number, self.repeat = cuda, number, repeat
+    def __init__(self, on_gpu: bool, number: int, repeat: int):
+        self.on_gpu, self.number, self.repeat = on_gpu, number, repeat
 
     def __call__(self, fn) -> float:
         for _ in range(3):
             fn()
-        if not self.cuda:
+        if not self.on_gpu:
             ts = []
             for _ in range(self.repeat):
                 t0 = time.perf_counter()
@@ -150,11 +154,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-sweep", action="store_true")
     args = ap.parse_args()
-    cuda = args.target.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
+    on_gpu = args.target.startswith("cuda")
+    if on_gpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --target llvm --small for a CPU dry run")
-    dev = "cuda" if cuda else "cpu"
-    timer = Timer(cuda, args.number if cuda else 2, args.repeat if cuda else 3)
+    dev = "cuda" if on_gpu else "cpu"
+    timer = Timer(on_gpu, args.number if on_gpu else 2, args.repeat if on_gpu else 3)
     out_dir = os.environ.get("OUT", ".")
     kernels, rows, t_start = {}, [], time.perf_counter()
     for M, K, N, b, s in cases(args.small):
@@ -171,7 +175,7 @@ def main():
             sweep_rows.append(row)
             print(f"sweep {knobs}: {row['knobs']} err {row['max_rel_err']:.1e} {row['sparsec_ms']:.4f} ms "
                   f"({row['sparsec_tflops']:.1f} TF/s)", flush=True)
-    result = {"target": args.target, "device": torch.cuda.get_device_name() if cuda else "cpu",
+    result = {"target": args.target, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
               "torch": torch.__version__, "tol": TOL, "rows": rows, "sweep": sweep_rows,
               "all_ok": all(r["ok"] for r in rows + sweep_rows), "wall_s": time.perf_counter() - t_start}
     os.makedirs(out_dir, exist_ok=True)

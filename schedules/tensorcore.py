@@ -14,15 +14,20 @@ Cores read is first gathered into a constant-shape buffer:
       C[bi * bs : +bs, bj * n_tile : +n_tile] = acc                  (rows past `rows` skipped)
 
 ``staged_spmm`` builds that PrimFunc (same arguments as the generic kernel, so Kernel
-calls it the same way); run unscheduled on llvm it is the reference semantics.
+calls it the same way); run unscheduled on llvm it is the reference semantics. With
+``stages`` > 1 it is software-pipelined by hand: A_s and B_s hold ``stages`` slots and
+iteration p gathers block p while the product reads block p - stages + 1 (TVM's own
+pipelining pass does not version buffers allocated outside the loop, and leaves a
+non-constant cp.async wait count on a loop of data-dependent length).
 ``bsr_tensorcore`` schedules it:
 
-* A_s, B_s in dynamic shared memory, filled with ``cp.async`` and software-pipelined
-  over p (``stages`` buffers: the copies for block p+stages-1 overlap the mma of p);
+* A_s, B_s in dynamic shared memory (rows padded by 16 bytes), filled with 16-byte
+  ``cp.async`` copies, one commit group per iteration, ``cp.async.wait_group stages-1``
+  before the product (B rows past ``cols`` are zero-filled by a predicated copy);
 * each warp owns a ``warp_m x warp_n`` tile of the output: per 16-deep k step it loads
-  warp_m/16 A and warp_n/16 B fragments with ``ldmatrix`` and issues
-  (warp_m/16)*(warp_n/16)*2 ``mma.sync.m16n8k16`` (fp32 accumulators in registers);
-* the accumulators go to shared memory (``mma_store``) and from there to C with
+  warp_m/16 A and warp_n/16 B fragments with ``ldmatrix`` (B with ``.trans``) and issues
+  (warp_m/16)*(warp_n/16)*2 ``mma.sync.m16n8k16`` into fp32 register accumulators;
+* the accumulators go to static shared memory (``mma_store``) and from there to C with
   16-byte stores, guarded at the matrix's last row.
 """
 from __future__ import annotations
