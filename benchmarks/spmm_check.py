@@ -29,7 +29,10 @@ if "TVM_CUDA_COMPILE_MODE" not in os.environ:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
 import sparsec  # noqa: E402
+from sparsec.bench.timing import Timer  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
+
+TIMER = Timer("cuda", warmup_ms=10.0, budget_ms=60.0, max_reps=150)
 
 GRAPHS = ("cond-mat", "as-22july06", "cond-mat-2003", "astro-ph", "pgp-strong-2009", "cond-mat-2005", "email-Enron",
           "copter2", "mdual", "rmat-s16", "rmat-s18")
@@ -59,22 +62,10 @@ def rmat_1m():
     return rmat_graph(os.path.join(HERE, "data", "cache"), RMAT_SPECS[-1])
 
 
-def timed(fn, inputs, warmup=5, reps=15, batch=20):
-    """Median over ``reps`` of the CUDA-event time of ``batch`` back-to-back calls fn(x) (x cycling
-    over ``inputs``) divided by ``batch``: launches queue up, so host-side call overhead hides
-    behind the GPU work for sparsec and the peer alike."""
-    for i in range(warmup):
-        fn(inputs[i % len(inputs)])
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for i in range(batch):
-            fn(inputs[i % len(inputs)])
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / batch)
-    return float(np.median(times))
+def timed(fn, inputs):
+    """Median per-call time of fn(x), x cycling over ``inputs`` (sparsec.bench's timer:
+    batches of back-to-back calls between CUDA events, after a warm-up)."""
+    return TIMER.measure([lambda x=x: fn(x) for x in inputs]).median_ms
 
 
 def torch_csr(m, dev, dtype):
