@@ -31,7 +31,6 @@ from . import build, formats, ops, reference, workload
 from . import inspect as sinspect
 from .dtypes import dtype_spec
 
-TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-5, "int8": 0.0, "int4": 0.0}
 
 # CLI option (attribute) -> (format knob, families that take it); --block and --dtype are special
 KNOB_OPTIONS = {
@@ -151,7 +150,7 @@ def cmd_run(args):
         n = 5 if kernel.target.kind == "llvm" else 20
         n = max(1, min(n, int(0.2 / max(once, 1e-9))))  # slow kernels (large padded formats): fewer runs
         run_ms = kernel.time(A, *dense, number=n, repeat=5 if once < 0.5 else 3)["median_ms"]
-    tol = TOLERANCE[dtype]
+    tol = reference.TOLERANCE[dtype]
     result = {
         "op": kernel.op_name, "format": A.format.spec, "target": kernel.target.name, "dtype": dtype,
         "matrix": source, "rows": desc["shape"][0], "cols": desc["shape"][1], "nnz": desc["nnz"],

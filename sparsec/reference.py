@@ -9,6 +9,10 @@ import numpy as np
 
 from .formats import FormatInstance
 
+# the accepted max |out - ref| / max |ref| of a kernel's result, by the kernel's value dtype
+# (fp16/bf16 inputs accumulate in float32; integer kernels must be exact)
+TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-5, "int8": 0.0, "int4": 0.0}
+
 
 def spmm(A: FormatInstance, B) -> np.ndarray:
     return A.to_scipy().astype(np.float64) @ np.asarray(B, dtype=np.float64)

@@ -38,7 +38,7 @@ REF_CHUNK_BYTES = 2**28  # the float64 SDDMM reference gathers this much per ste
 
 def tolerance(dtype: str) -> float:
     """The accepted max |out - ref| / max |ref|: the one ``sparsec run --check`` uses."""
-    from ..cli import TOLERANCE
+    from ..reference import TOLERANCE
 
     return TOLERANCE[dtype]
 
