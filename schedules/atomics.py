@@ -14,7 +14,7 @@ from tvm_ffi import structural_equal
 
 from sparsec.lower.emit import ATOMIC_ATTR
 
-from .tir_rewrite import map_blocks, map_stores, with_fields
+from .tir_rewrite import map_blocks, map_stores, stores, with_fields
 
 
 def atomic_writeback(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -50,9 +50,7 @@ def _writes_global(block) -> bool:
 
 
 def _stores_global(stmt) -> bool:
-    found = []
-    map_stores(stmt, lambda st: found.append(_is_global(st.buffer)))
-    return any(found)
+    return any(_is_global(st.buffer) for st in stores(stmt))
 
 
 def _atomic_add(store: tirx.BufferStore):

@@ -134,11 +134,6 @@ def _unroll_entries(sch, own, own_ir, unroll: int):
         sch.unroll(inner)
 
 
-# SDDMM-like nests (the statement block's last loop reduces over the feature axis): sub-warp
-# lane groups, vector loads, the scale by A fused into the same kernel (schedules/cuda_sddmm.py).
-reduce_over_lanes = lane_groups
-
-
 @transformation(knobs={"threads_per_block": (64, 32, 128, 256)})
 def rows_over_threads(sch: s_tir.Schedule, nest, *, threads_per_block: int):
     """Row-wise nests with no feature loop: one thread per (block) row."""

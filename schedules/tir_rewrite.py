@@ -15,7 +15,7 @@ def map_blocks(stmt, fn: Callable[[s_tir.SBlock], Optional[s_tir.SBlock]]):
     None to keep a block (its children are then visited)."""
     if isinstance(stmt, s_tir.SBlockRealize):
         new = fn(stmt.block)
-        block = new if new is not None else _with(stmt.block, body=map_blocks(stmt.block.body, fn))
+        block = new if new is not None else with_fields(stmt.block, body=map_blocks(stmt.block.body, fn))
         if block.same_as(stmt.block):
             return stmt
         return s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
@@ -57,8 +57,23 @@ def map_stores(stmt, fn: Callable[[tirx.BufferStore], Optional[tirx.Stmt]]):
     return stmt
 
 
-def _with(block: s_tir.SBlock, **changes) -> s_tir.SBlock:
-    """A copy of ``block`` with some fields changed."""
+def stores(stmt):
+    """The BufferStores of ``stmt`` (a block body), nested blocks left out."""
+    if isinstance(stmt, tirx.BufferStore):
+        yield stmt
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            yield from stores(s)
+    elif isinstance(stmt, tirx.For):
+        yield from stores(stmt.body)
+    elif isinstance(stmt, tirx.IfThenElse):
+        yield from stores(stmt.then_case)
+        if stmt.else_case is not None:
+            yield from stores(stmt.else_case)
+
+
+def with_fields(block: s_tir.SBlock, **changes) -> s_tir.SBlock:
+    """``block`` with some fields changed (``block`` itself when nothing changes)."""
     fields = dict(iter_vars=block.iter_vars, reads=block.reads, writes=block.writes, name_hint=block.name_hint,
                   body=block.body, init=block.init, alloc_buffers=block.alloc_buffers,
                   match_buffers=block.match_buffers, annotations=block.annotations)
@@ -67,6 +82,3 @@ def _with(block: s_tir.SBlock, **changes) -> s_tir.SBlock:
     fields.update(changes)
     return s_tir.SBlock(**fields)
 
-
-def with_fields(block: s_tir.SBlock, **changes) -> s_tir.SBlock:
-    return _with(block, **changes)

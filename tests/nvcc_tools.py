@@ -21,3 +21,15 @@ def nvcc_many(jobs: dict) -> dict:
     with ThreadPoolExecutor(2) as pool:
         futs = {k: pool.submit(nvcc_compile, src, arch) for k, (src, arch) in jobs.items()}
         return {k: f.result() for k, f in futs.items()}
+
+
+def nvcc_sources(sources: dict) -> dict:
+    """nvcc every {key: source} whose key ends with its architecture; skips the test when
+    nvcc is not on PATH. {key: (ok, output)}."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    return nvcc_many({key: (src, key[-1]) for key, src in sources.items()})

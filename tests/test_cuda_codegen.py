@@ -14,7 +14,7 @@ import pytest
 import sparsec
 
 from conftest import SPECS
-from nvcc_tools import nvcc_many
+from nvcc_tools import nvcc_many, nvcc_sources
 from dsl_ops import TEST_OPS
 
 OPS = ("spmm", "sddmm", "rowsum", "row_softmax")
@@ -69,9 +69,7 @@ def sources():
 
 @pytest.fixture(scope="module")
 def nvcc_results(sources):
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH")
-    return nvcc_many({key: (src, key[2]) for key, src in sources.items()})
+    return nvcc_sources(sources)
 
 
 # ---------------------------------------------------------------- sparsec side

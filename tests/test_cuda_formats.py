@@ -7,7 +7,6 @@ reduction over repeated rows has no atomic and is refused on CUDA (the CPU runs 
 from __future__ import annotations
 
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import sparsec
 from sparsec.formats import convert, nm
 
 from dsl_ops import TEST_OPS
-from nvcc_tools import nvcc_many
+from nvcc_tools import nvcc_sources
 
 OPS = ("spmm", "sddmm")
 ARCHS = ("sm_80", "sm_90a")
@@ -78,10 +77,7 @@ def sources(kernels):
 
 @pytest.fixture(scope="module")
 def nvcc_results(sources):
-    """nvcc every source for its architecture, two at a time."""
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH")
-    return nvcc_many({key: (src, key[2]) for key, src in sources.items()})
+    return nvcc_sources(sources)
 
 
 # ---------------------------------------------------------------- the instances are what the tests need
