@@ -37,10 +37,10 @@ TIMER = Timer("cuda", warmup_ms=10.0, budget_ms=60.0, max_reps=150)
 GRAPHS = ("cond-mat", "as-22july06", "cond-mat-2003", "astro-ph", "pgp-strong-2009", "cond-mat-2005", "email-Enron",
           "copter2", "mdual", "rmat-s16", "rmat-s18")
 SETTINGS = {
-    "csr": ({"rows_per_block": 4, "vec": 4, "unroll": 2}, {"rows_per_block": 1, "vec": 4, "unroll": 4},
-            {"rows_per_block": 4, "vec": 4, "unroll": 8}, {"rows_per_block": 8, "vec": 2, "unroll": 4}),
-    "hyb": ({"rows_per_block": 4, "vec": 4, "slots_per_block": 256}, {"rows_per_block": 4, "vec": 4, "slots_per_block": 64},
-            {"rows_per_block": 2, "vec": 4, "slots_per_block": 1024}, {"rows_per_block": 8, "vec": 2, "slots_per_block": 512}),
+    "csr": ({"vec": 4, "unroll": 2}, {"vec": 4, "unroll": 4}, {"vec": 4, "unroll": 8}, {"vec": 4, "unroll": 16},
+            {"vec": 2, "unroll": 8}, {"rows_per_block": 2, "vec": 4, "unroll": 8}),
+    "hyb": ({"vec": 4, "slots_per_block": 64}, {"vec": 4, "slots_per_block": 256}, {"vec": 4, "slots_per_block": 32},
+            {"rows_per_block": 2, "vec": 4, "slots_per_block": 1024}, {"vec": 2, "slots_per_block": 64}),
 }
 L2_BYTES = 64 << 20
 

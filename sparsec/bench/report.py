@@ -94,9 +94,13 @@ def markdown(result: dict) -> str:
         peaks = ", ".join(f"{d} {t:.3g}" for d, t in ceil.get("matmul_TFLOPs", {}).items())
         lines.append(f"Ceilings measured in the run: device copy {ceil['copy_GBps']:.0f} GB/s (read + write); "
                      f"dense matmul TFLOP/s: {peaks} (float32 with TF32 off).")
-    lines += ["", "Ratio = peer time / sparsec time (above 1×: sparsec is faster). Times are medians of CUDA-event "
-              "timings of 10 back-to-back calls divided by 10 (perf_counter per call in CPU dry runs) over rotated input copies after warm-up, in ms. Roofline = max(bytes / bandwidth, flops / peak) "
-              "/ time, with compulsory bytes and flops.", ""]
+    lines += ["", "Ratio = peer time / sparsec time (above 1×: sparsec is faster). Times are in ms: the median over "
+              "samples, each a CUDA graph of 10 calls replayed between two CUDA events and divided by 10, so the "
+              "device time of every kernel a call launches counts and the host's launch costs do not; † marks a "
+              "contestant that could not be captured in a graph and was timed as 10 back-to-back eager calls "
+              "(perf_counter per call in CPU dry runs). Calls rotate over input copies that together hold 4× the L2, "
+              "after warm-up. Roofline = max(bytes / bandwidth, flops / peak) / time, with compulsory bytes and "
+              "flops.", ""]
     labels = result.get("peers") or {}
     for key, recs in groups(records).items():
         names = peer_names(recs)
@@ -112,7 +116,8 @@ def markdown(result: dict) -> str:
             ["GB/s", "TFLOP/s", "roofline"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(head) - 4)]
         for r in recs:
-            cells = [r["matrix"], f"{r['rows']:,}", f"{r['nnz']:,}", str(r["feat"]), _ms(r.get("sparsec_ms"))]
+            cells = [r["matrix"], f"{r['rows']:,}", f"{r['nnz']:,}", str(r["feat"]),
+                     _ms(r.get("sparsec_ms")) + _eager_mark(r.get("sparsec_timing"))]
             for n in names:
                 p = r.get("peers", {}).get(n)
                 if p is None:
@@ -120,7 +125,7 @@ def markdown(result: dict) -> str:
                 elif p.get("ms") is None:
                     cells.append(p["status"])
                 else:
-                    cells.append(f"{_ms(p['ms'])} ({_ratio(r['ratios'].get(n))})")
+                    cells.append(f"{_ms(p['ms'])}{_eager_mark(p.get('timing'))} ({_ratio(r['ratios'].get(n))})")
             if r.get("sparsec_ms") is None:
                 cells += ["—", "—", "failed"]
             else:
@@ -140,6 +145,11 @@ def markdown(result: dict) -> str:
         lines += [f"- {n}: {reason}" for n, reason in skipped[:20]]
         lines.append("")
     return "\n".join(lines)
+
+
+def _eager_mark(timing) -> str:
+    """† after a GPU time taken from eager calls (the contestant could not be graph-captured)."""
+    return "†" if timing and timing.get("method") == "eager" else ""
 
 
 def write_markdown(result: dict, path: str) -> None:

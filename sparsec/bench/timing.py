@@ -1,11 +1,14 @@
 """One timer for sparsec and every peer.
 
-Each sample is ``batch`` back-to-back calls between two CUDA events recorded on the current
-stream (the stream sparsec's kernels are launched on too: run.py enters
-``tvm_ffi.use_torch_stream``), divided by ``batch``. Launches queue up as they do inside a
-model, so the host-side cost of a call (Python, the FFI, the launch) overlaps the GPU work
-instead of showing as idle GPU time between the events; sparsec and the peers are timed
-the same way.
+Each sample is ``batch`` calls between two CUDA events, divided by ``batch``. On the GPU the
+``batch`` calls are captured once into a CUDA graph and the sample replays it
+(``mode="graph"``, the default): what is timed is the device work of each call (every
+kernel, memset and copy it launches), without the host's Python, FFI and launch costs,
+which otherwise dominate calls of a few microseconds and make every contestant look the
+same. A contestant that cannot be captured (it synchronises, or launches on a stream the
+capture does not see) is timed eagerly instead, ``batch`` back-to-back calls on the
+current stream, and its Timing says so (``method``). sparsec's kernels launch on torch's
+current stream (``tvm_ffi.use_torch_stream``), CuPy's through an external-stream wrapper.
 Samples follow a warm-up and are taken over R copies of the input set, called in turn,
 where R copies together hold several times the L2 cache: a call then reads its operands
 from memory, as it would inside a model, instead of from the cache its previous call
@@ -14,10 +17,13 @@ filled. The reported time is the median sample. On the CPU (dry runs) a sample i
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -46,10 +52,11 @@ class Timing:
     max_ms: float
     reps: int
     copies: int
+    method: str = "eager"
 
     def as_dict(self) -> dict:
         return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms, "reps": self.reps,
-                "copies": self.copies}
+                "copies": self.copies, "method": self.method}
 
 
 class Timer:
@@ -58,9 +65,12 @@ class Timer:
     ``max_reps``; the warm-up runs every copy at least once and ``warmup_ms`` at least."""
 
     def __init__(self, device: str = "cuda", *, warmup_ms: float = 25.0, budget_ms: float = 150.0,
-                 min_reps: int = 5, max_reps: int = 50, batch: int = 10):
+                 min_reps: int = 5, max_reps: int = 50, batch: int = 10, mode: str = "graph"):
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device should be 'cuda' or 'cpu', got {device!r}")
+        if mode not in ("graph", "eager"):
+            raise ValueError(f"mode should be 'graph' or 'eager', got {mode!r}")
+        self.mode = mode
         if min_reps < 1 or max_reps < 1:
             raise ValueError(f"min_reps and max_reps should be at least 1, got {min_reps} and {max_reps}")
         self.device = device
@@ -76,8 +86,16 @@ class Timer:
             raise ValueError("measure needs at least one call")
         per_call_ms = self._warm_up(calls)
         reps = int(min(self.max_reps, max(self.min_reps, self.budget_ms // max(per_call_ms, 1e-6))))
-        samples = self._samples(calls, reps)
-        return Timing(float(np.median(samples)), float(np.min(samples)), float(np.max(samples)), reps, len(calls))
+        method = "cpu" if self.device == "cpu" else self.mode
+        samples = None
+        if method == "graph":
+            samples = self._graph_samples(calls, reps)
+            if samples is None:
+                method = "eager"
+        if samples is None:
+            samples = self._samples(calls, reps)
+        return Timing(float(np.median(samples)), float(np.min(samples)), float(np.max(samples)), reps, len(calls),
+                      method)
 
     def _sync(self):
         if self.device == "cuda":
@@ -114,14 +132,92 @@ class Timer:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         k = 0
+        with _on_current_stream():
+            for i in range(n):
+                starts[i].record()
+                for _ in range(batch):
+                    calls[k % len(calls)]()
+                    k += 1
+                ends[i].record()
+        torch.cuda.synchronize()
+        return np.array([s.elapsed_time(e) / batch for s, e in zip(starts, ends)])
+
+
+    def _graph_samples(self, calls, reps) -> Optional[np.ndarray]:
+        """Samples from CUDA-graph replays, or None when a call cannot be captured. Graph i
+        holds calls i*batch ... i*batch + batch - 1 (cycling through the copies), and there
+        are enough graphs for every copy to be called; the graphs share one memory pool."""
+        import torch
+
+        batch = self.batch
+        n_graphs = max(1, -(-len(calls) // batch))
+        graphs = []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for gi in range(n_graphs):
+                    g = torch.cuda.CUDAGraph()
+                    pool = graphs[0].pool() if graphs else None
+                    with _capturing(g, pool):
+                        for j in range(batch):
+                            calls[(gi * batch + j) % len(calls)]()
+                    graphs.append(g)
+            for g in graphs:  # the first replay uploads the graph
+                g.replay()
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - any capture failure means: time this contestant eagerly
+            graphs.clear()
+            torch.cuda.synchronize()
+            return None
+        n = max(self.min_reps, -(-reps // batch))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for i in range(n):
             starts[i].record()
-            for _ in range(batch):
-                calls[k % len(calls)]()
-                k += 1
+            graphs[i % n_graphs].replay()
             ends[i].record()
         torch.cuda.synchronize()
         return np.array([s.elapsed_time(e) / batch for s, e in zip(starts, ends)])
+
+
+@contextlib.contextmanager
+def _capturing(graph, pool):
+    """Capture into ``graph`` with sparsec (tvm_ffi) and CuPy launching on the capture stream."""
+    import torch
+
+    with torch.cuda.graph(graph, pool=pool), _on_current_stream():
+        yield
+
+
+@contextlib.contextmanager
+def _on_current_stream():
+    """sparsec (tvm_ffi) and CuPy launch on torch's current stream, where the events are."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        stream = torch.cuda.current_stream()
+        try:
+            import tvm_ffi
+
+            stack.enter_context(tvm_ffi.use_raw_stream(tvm_ffi.device(f"cuda:{stream.device.index or 0}"),
+                                                       stream.cuda_stream))
+        except ImportError:
+            pass
+        if "cupy" in sys.modules:
+            import cupy
+
+            stack.enter_context(_cupy_stream(cupy, stream))
+        yield
+
+
+def _cupy_stream(cupy, stream):
+    """CuPy's view of a torch stream (Stream.from_external in CuPy 14, ExternalStream before)."""
+    try:
+        return cupy.cuda.Stream.from_external(stream)
+    except (AttributeError, TypeError, ValueError):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return cupy.cuda.ExternalStream(stream.cuda_stream)
 
 
 def device_l2_bytes() -> int:
