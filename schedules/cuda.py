@@ -30,12 +30,15 @@ def _feature(nest):
     return dense[-1] if dense else None
 
 
-def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1):
+def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1, interleave: bool = False):
     """Rows to thread blocks: ``per_block`` rows side by side (``tag``), ``coarsen`` such
-    groups one after another in each block."""
+    groups in each block, one after another or, with ``interleave``, unrolled so that the
+    groups' loads are in flight together (a chain of ``coarsen`` memory latencies becomes one)."""
     root = sch.get_loops(root_block(sch, nest))[0]
     if coarsen > 1:
-        bx, _, t = sch.split(root, [None, coarsen, per_block])
+        bx, c, t = sch.split(root, [None, coarsen, per_block])
+        if interleave:
+            sch.unroll(c)
     else:
         bx, t = sch.split(root, [None, per_block])
     sch.bind(bx, "blockIdx.x")
@@ -43,9 +46,10 @@ def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1):
 
 
 @transformation(knobs={"rows_per_block": ("auto", 1, 2, 4, 8, 16), "vec": (4, 1, 2),
-                       "slots_per_block": (64, 32, 128, 256, 512, 1024), "unroll": (2, 1, 4, 8)})
+                       "slots_per_block": (64, 32, 128, 256, 512, 1024), "unroll": (2, 1, 4, 8),
+                       "interleave": (1, 0)})
 def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec: int, slots_per_block: int,
-                          unroll: int):
+                          unroll: int, interleave: int):
     """SpMM-like nests. Requires: the statement block's last loop is a spatial dense axis.
 
     Before: for i: for p in row_len: for k in F: C[i, k] += A[p] * B[col[p], k]
@@ -55,10 +59,12 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
                 C[i, tx * vec : tx * vec + vec] = acc      (vector load of B, vector store of C)
 
     ``vec`` features per thread give 128-bit loads and stores; several rows share a warp when
-    F / vec < 32 (sub-warp rows); ``rows_per_block="auto"`` makes blocks of about 128 threads. A row of fixed width w (ELL, hyb's buckets) has its entry
-    loop unrolled fully and a block takes ``slots_per_block / w`` rows (serial coarsening over
-    groups of ``rows_per_block``), so narrow buckets do not launch swarms of tiny blocks; a
-    row of data-dependent length has its entry loop unrolled ``unroll`` times.
+    F / vec < 32 (sub-warp rows); ``rows_per_block="auto"`` makes blocks of about 128 threads.
+    A row of fixed width w (ELL, hyb's buckets) has its entry loop unrolled fully and a block
+    takes ``slots_per_block / w`` rows (coarsening over groups of ``rows_per_block``, unrolled
+    with ``interleave`` so that the groups' gathers overlap), so narrow buckets do not launch
+    swarms of tiny blocks; a row of data-dependent length has its entry loop unrolled
+    ``unroll`` times.
     """
     feat = _feature(nest)
     F = feat.loop.extent
@@ -100,7 +106,7 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     coarsen = 1
     if width is not None and nest.blocks[0][0].loop.role == "root":
         coarsen = max(1, min(32, slots_per_block // (rows_per_block * width)))
-    _bind_root(sch, nest, rows_per_block, "threadIdx.y", coarsen)
+    _bind_root(sch, nest, rows_per_block, "threadIdx.y", coarsen, bool(interleave))
 
 
 def _fixed_width(own_ir):
