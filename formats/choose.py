@@ -1,22 +1,33 @@
-"""The default sparse format for an operator, from a matrix's row-length statistics.
+"""The default sparse format for an operator, from a matrix's row-length statistics and the
+feature width.
 
-Measured on an H200 (benchmarks/results/spmm_check_H200.json: csr and fused hyb SpMM on
-nine real graphs and two R-MAT graphs at F = 32/128/512): CSR's one-row-per-thread-group
-kernel wins on regular rows (co-authorship graphs, meshes: coefficient of variation of the
-row length <= 1.5 and no row over ~300 entries), and hyb wins everywhere else because it
-splits long rows over many thread groups. SDDMM shows the same split
-(benchmarks/results/sddmm_check_H200.json: hyb up to 13x over cuSPARSE on R-MAT, where
-CSR's longest row serialises a warp). The tuner (issue 5) refines this per matrix.
+Measured on an H200 with CUDA-graph timing (device time; `sparsec bench {spmm,sddmm}
+--suite graphs --format csr|hyb --feat 32 256`; benchmarks/results/format_choice_H200.json):
+
+* SpMM. CSR's one-row-per-thread-group kernel wins on meshes (row-length coefficient of
+  variation <= 0.5, no row over ~300 entries: copter2 4.2x vs hyb's 3.0x over cuSPARSE)
+  and on moderately skewed rows once the feature width reaches 128 (the co-authorship
+  graphs at F = 256: 1.5-1.7x vs 1.2-1.6x), where each row's loads are wide enough to hide
+  the latency of its serial chain. At narrow widths the longest row's chain of dependent
+  loads sets the kernel time, and hyb, which caps a row piece at its widest bucket, wins
+  (cond-mat-2003 at F = 32: 1.5x vs 1.0x). Power-law graphs always take hyb.
+* SDDMM. hyb wins except on meshes with rows of eight or more entries (copter2: CSR 1.7x vs
+  1.35x), where CSR's lane groups already run full warps.
+
+The tuner (issue 5) refines this per matrix.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import scipy.sparse as sp
 
-REGULAR_CV = 1.5        # row-length std / mean at or below which CSR is the default
+MESH_CV = 0.5           # row-length std / mean at or below which rows are mesh-regular
+REGULAR_CV = 1.5        # ... at or below which CSR wins SpMM at wide features
 REGULAR_MAX_ROW = 300   # ... provided no row is longer than this
+WIDE_FEAT = 128         # feature width from which CSR's per-row chain is hidden
+SDDMM_CSR_MEAN_ROW = 8  # SDDMM: CSR on mesh-regular rows at least this long
 
 
 def row_stats(m) -> Dict[str, float]:
@@ -29,9 +40,19 @@ def row_stats(m) -> Dict[str, float]:
             "row_len_cv": float(lengths.std() / mean) if mean > 0 else 0.0}
 
 
-def default_format(op: str, stats: Dict[str, float]) -> str:
-    """``"csr"`` or ``"hyb"`` for SpMM and SDDMM, ``"csr"`` for other operators."""
+def default_format(op: str, stats: Dict[str, float], feat: Optional[int] = None) -> str:
+    """``"csr"`` or ``"hyb"`` for SpMM and SDDMM, ``"csr"`` for other operators. ``feat``
+    (the dense width; None: unknown, taken as wide) matters for SpMM only."""
     if op not in ("spmm", "sddmm"):
         return "csr"
-    regular = stats["row_len_cv"] <= REGULAR_CV and stats["row_len_max"] <= REGULAR_MAX_ROW
-    return "csr" if regular else "hyb"
+    cv, longest = stats["row_len_cv"], stats["row_len_max"]
+    if stats["nnz"] == 0:
+        return "csr"
+    if op == "sddmm":
+        return "csr" if cv <= MESH_CV and stats["row_len_mean"] >= SDDMM_CSR_MEAN_ROW else "hyb"
+    if longest > REGULAR_MAX_ROW:
+        return "hyb"
+    if cv <= MESH_CV:
+        return "csr"
+    wide = feat is None or feat >= WIDE_FEAT
+    return "csr" if cv <= REGULAR_CV and wide else "hyb"

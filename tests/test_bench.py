@@ -257,3 +257,15 @@ def test_markdown_and_plot(tmp_path, small_npz):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_timer_times_uncapturable_calls_eagerly_on_the_cpu_too():
+    """graph_safe=False is honoured (and a CPU timer never tries graphs)."""
+    from sparsec.bench.contestant import Prepared
+    from sparsec.bench.timing import Timer
+
+    calls = [Prepared(lambda: sum(range(100)), (), graph_safe=False)]
+    t = Timer("cpu", warmup_ms=0.0, budget_ms=1.0, min_reps=2, max_reps=3).measure(calls)
+    assert t.method == "cpu" and t.median_ms >= 0.0
+    with pytest.raises(ValueError, match="mode"):
+        Timer("cuda", mode="fast")

@@ -64,12 +64,13 @@ class MatrixCases:
     cases: List[Case] = field(default_factory=list)
 
 
-def default_format_for(op: str, stats: Dict[str, float]) -> str:
+def default_format_for(op: str, stats: Dict[str, float], feat: Optional[int] = None) -> str:
     """The sparsec format a case uses when none is given: sparsec's own rule
-    (``sparsec.formats.choose``) on the row-length statistics of :func:`matrix_stats`."""
+    (``sparsec.formats.choose``) on the row-length statistics of :func:`matrix_stats` and the
+    feature width."""
     from sparsec.formats.choose import default_format
 
-    return default_format(op, stats)
+    return default_format(op, stats, feat)
 
 
 def matrix_stats(m: sp.csr_matrix) -> Dict[str, float]:
@@ -217,8 +218,12 @@ def build_cases(op: str, *, matrix: Optional[str] = None, suite: Optional[str] =
                    sp.csr_matrix(m, dtype=np.float32))]
     out = []
     for name, m in groups:
-        specs = [f"bsr:{b}x{b}" for b in blocks] if blocks else [spec or default_format_for(op, matrix_stats(m))]
-        cases = [Case(op, name, s, dtype, f, knobs, suite, _square_block(s)) for s in specs for f in widths]
+        if blocks:
+            cases = [Case(op, name, f"bsr:{b}x{b}", dtype, f, knobs, suite, b) for b in blocks for f in widths]
+        else:
+            stats = matrix_stats(m)
+            cases = [Case(op, name, s, dtype, f, knobs, suite, _square_block(s))
+                     for f in widths for s in [spec or default_format_for(op, stats, f)]]
         out.append(MatrixCases(name, m, cases))
     return out
 

@@ -28,6 +28,7 @@ class Prepared:
     args: Tuple[Any, ...]
     output_arg: Optional[int] = None
     finish: Callable[[Any], Any] = field(default=_identity)
+    graph_safe: bool = True  # False: the call cannot be captured in a CUDA graph (the timer runs it eagerly)
 
     def __call__(self):
         return self.fn(*self.args)

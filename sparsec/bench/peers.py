@@ -144,7 +144,8 @@ def _cupy_setup(o: Operands) -> Prepared:
     # CuPy's SpMM takes the dense operand in column-major order; give it that, so the
     # timed call does not include a transposing copy
     b = cupy.asfortranarray(cupy.from_dlpack(o.dense[0]))
-    return Prepared(_matmul, (a, b), finish=lambda r: torch.from_dlpack(r))
+    # not graph-capturable: CuPy's cuSPARSE path allocates and synchronises inside the call
+    return Prepared(_matmul, (a, b), finish=lambda r: torch.from_dlpack(r), graph_safe=False)
 
 
 def _matmul(a, b):

@@ -87,6 +87,8 @@ class Timer:
         per_call_ms = self._warm_up(calls)
         reps = int(min(self.max_reps, max(self.min_reps, self.budget_ms // max(per_call_ms, 1e-6))))
         method = "cpu" if self.device == "cpu" else self.mode
+        if method == "graph" and not getattr(calls[0], "graph_safe", True):
+            method = "eager"  # known not to capture (CuPy's SpMM synchronises): skip the attempt
         samples = None
         if method == "graph":
             samples = self._graph_samples(calls, reps)
@@ -152,6 +154,7 @@ class Timer:
         batch = self.batch
         n_graphs = max(1, -(-len(calls) // batch))
         graphs = []
+        stream = torch.cuda.current_stream()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -167,6 +170,9 @@ class Timer:
             torch.cuda.synchronize()
         except Exception:  # noqa: BLE001 - any capture failure means: time this contestant eagerly
             graphs.clear()
+            # torch.cuda.graph does not restore the current stream when ending the capture
+            # fails; left on the side stream, later work would race with the default stream
+            torch.cuda.set_stream(stream)
             torch.cuda.synchronize()
             return None
         n = max(self.min_reps, -(-reps // batch))
