@@ -1,0 +1,484 @@
+"""The autotuner's builder/runner: measure candidates in separate processes.
+
+A candidate is a plain dict::
+
+    {"op": "spmm" | "sddmm", "format": "hyb", "format_knobs": {"col_parts": 2},
+     "schedule_knobs": {}, "feat": 64, "dtype": "float32"}
+
+``measure(candidates, matrix)`` returns one result dict per candidate, in order::
+
+    {"status": "ok" | "compile_error" | "runtime_error" | "crash" | "timeout" | "wrong",
+     "time_ms": median ms or None, "error": short message or None,
+     "max_rel_err": float or None, "compile_s": float or None}
+
+Why processes: generated code that reads out of bounds kills the process that runs it,
+and a bad schedule can loop forever. So building (convert + compile + export to a shared
+library) runs in a pool of spawned CPU workers, and measuring runs in other spawned
+workers, one candidate at a time each, under a per-candidate deadline. A worker that dies
+is recorded as ``crash`` for its candidate only; one past its deadline is SIGKILLed and
+recorded as ``timeout``; either way it is replaced and the run goes on. Workers are
+long-lived (importing TVM costs seconds) and the measuring pool keeps a started spare per
+slot, so a replacement is ready at once and a hang costs no more than its timeout.
+
+Processes are started with the "spawn" method: TVM is not fork-safe. As with any spawned
+multiprocessing, a script that calls ``measure`` needs an ``if __name__ == "__main__":`` guard.
+
+Before timing, each candidate is run once on fresh random inputs with its outputs
+poisoned (NaN) and compared with the float64 reference; a result outside the dtype's
+tolerance is ``wrong`` and is not timed.
+
+On CUDA targets, ``devices=[0, 1, ...]`` gives one measuring slot per GPU (each worker sees
+only its GPU through CUDA_VISIBLE_DEVICES), so candidates are measured in parallel. On the
+CPU (``llvm``, the default) there is one measuring slot so timings do not disturb each other.
+
+Test hook: a candidate may carry ``"inject": "crash" | "hang" | "wrong" | "compile_error"``;
+the worker then aborts during measurement, sleeps forever, perturbs the output before the
+check, or raises while compiling. It exists so tests can show that such failures are
+recorded and do not stop the run; tuners never set it.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from typing import Any, Dict, List, Optional, Sequence
+
+OPS = ("spmm", "sddmm")
+STATUSES = ("ok", "compile_error", "runtime_error", "crash", "timeout", "wrong")
+INJECTIONS = ("crash", "hang", "wrong", "compile_error")
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int4")
+_KEYS = ("op", "format", "format_knobs", "schedule_knobs", "feat", "dtype", "inject")
+_MAX_ERROR_CHARS = 300
+_STARTUP_FAILURES = 3  # workers of one slot that may die before becoming ready
+
+
+# ---- argument checks (in the calling process, so mistakes fail fast) -------------------------
+
+def normalize_candidate(c, i: int = 0) -> Dict[str, Any]:
+    """``c`` with defaults filled in, or ValueError naming what is wrong, so a malformed
+    candidate fails before any process is started."""
+    if not isinstance(c, dict):
+        raise ValueError(f"candidate {i} should be a dict, got {type(c).__name__}")
+    unknown = sorted(set(c) - set(_KEYS))
+    if unknown:
+        raise ValueError(f"candidate {i} has unknown keys {unknown}; known keys: {list(_KEYS)}")
+    op = c.get("op")
+    if op not in OPS:
+        raise ValueError(f"candidate {i}: unknown op {op!r}; expected one of {list(OPS)}")
+    fmt = c.get("format")
+    if not isinstance(fmt, str) or not fmt:
+        raise ValueError(f"candidate {i}: format should be a non-empty spec string such as 'csr', got {fmt!r}")
+    feat = c.get("feat")
+    if isinstance(feat, bool) or not isinstance(feat, int) or feat < 1:
+        raise ValueError(f"candidate {i}: feat should be a positive int, got {feat!r}")
+    dtype = c.get("dtype", "float32")
+    if dtype not in _DTYPES:
+        raise ValueError(f"candidate {i}: dtype should be one of {list(_DTYPES)}, got {dtype!r}")
+    out = {"op": op, "format": fmt, "feat": feat, "dtype": dtype}
+    for key in ("format_knobs", "schedule_knobs"):
+        knobs = c.get(key) or {}
+        if not isinstance(knobs, dict):
+            raise ValueError(f"candidate {i}: {key} should be a dict, got {type(knobs).__name__}")
+        out[key] = dict(knobs)
+    inject = c.get("inject")
+    if inject is not None and inject not in INJECTIONS:
+        raise ValueError(f"candidate {i}: inject should be one of {list(INJECTIONS)} or absent, got {inject!r}")
+    out["inject"] = inject
+    return out
+
+
+def _check_positive(name: str, value, kind=float):
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or not value > 0:
+        raise ValueError(f"{name} should be a positive {'number' if kind is float else 'int'}, got {value!r}")
+
+
+def _check_target(target: str, devices) -> List[Optional[int]]:
+    """The measuring slots: one GPU id per slot on CUDA, a single CPU slot on llvm."""
+    if not isinstance(target, str) or not (target == "llvm" or target.startswith("cuda")):
+        raise ValueError(f"target should be 'llvm' or a cuda target ('cuda', 'cuda:sm_90a'), got {target!r}")
+    if target == "llvm":
+        if devices:
+            raise ValueError("devices (GPU ids) apply to cuda targets only; the llvm target measures on the CPU")
+        return [None]
+    devices = [0] if devices is None else list(devices)
+    if not devices or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in devices):
+        raise ValueError(f"devices should be a non-empty list of GPU ids (ints >= 0), got {devices!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices should not repeat a GPU id, got {devices!r}")
+    return devices
+
+
+# ---- the public entry point ----------------------------------------------------------------------
+
+def measure(candidates: Sequence[Dict[str, Any]], matrix, target: str = "llvm", *,
+            timeout_s: float = 10.0, build_timeout_s: float = 120.0, workers: Optional[int] = None,
+            number: int = 10, repeat: int = 5, devices: Optional[Sequence[int]] = None,
+            seed: int = 0) -> List[Dict[str, Any]]:
+    """Build and measure every candidate for ``matrix`` (anything ``formats.convert``
+    accepts); one result dict per candidate, in order (see the module docstring).
+
+    ``timeout_s`` bounds each candidate's measurement (check plus timing) and
+    ``build_timeout_s`` its build; ``workers`` build processes (default: the CPU count);
+    ``number`` x ``repeat`` timed runs, of which the median of the repeats is reported."""
+    cands = [normalize_candidate(c, i) for i, c in enumerate(_as_list(candidates))]
+    _check_positive("timeout_s", timeout_s)
+    _check_positive("build_timeout_s", build_timeout_s)
+    _check_positive("number", number, int)
+    _check_positive("repeat", repeat, int)
+    if workers is not None:
+        _check_positive("workers", workers, int)
+    slots = _check_target(target, devices)
+    if not cands:
+        return []
+    with tempfile.TemporaryDirectory(prefix="sparsec-tune-") as tmp:
+        matrix_path = _save_matrix(matrix, tmp)
+        builds = _build_all(cands, matrix_path, target, tmp, workers, build_timeout_s)
+        return _measure_all(cands, builds, matrix_path, slots, timeout_s, number, repeat, seed)
+
+
+def _as_list(candidates) -> list:
+    if isinstance(candidates, (str, bytes, dict)) or not hasattr(candidates, "__iter__"):
+        raise ValueError(f"candidates should be a list of candidate dicts, got {type(candidates).__name__}")
+    return list(candidates)
+
+
+def _save_matrix(matrix, tmp: str) -> str:
+    """The matrix as canonical CSR in one .npz that every worker loads (once per worker),
+    rather than pickling it into every task."""
+    import scipy.sparse as sp
+
+    from .. import formats
+
+    path = os.path.join(tmp, "matrix.npz")
+    sp.save_npz(path, formats.as_csr(matrix), compressed=False)
+    return path
+
+
+def _build_all(cands, matrix_path, target, tmp, workers, build_timeout_s) -> List[Dict[str, Any]]:
+    """Build outcomes per candidate: {"status": "built", "lib", "meta", "compile_s"} or a
+    failed result (compile_error; crash or timeout when the compiler itself died or hung),
+    which is that candidate's failure alone."""
+    n = min(len(cands), workers or os.cpu_count() or 1)
+    payloads = [{"candidate": c, "matrix": matrix_path, "target": target,
+                 "lib": os.path.join(tmp, f"cand{i}.so")} for i, c in enumerate(cands)]
+    with _Pool([{}] * n, standby=False) as pool:
+        outs = pool.run("build", payloads, build_timeout_s)
+    return [o if o["status"] == "built" else _failed(o["status"], o.get("error"), o.get("compile_s"))
+            for o in outs]
+
+
+def _measure_all(cands, builds, matrix_path, slots, timeout_s, number, repeat, seed):
+    """Measure the built candidates, one per measuring slot at a time, and merge the build
+    failures back in candidate order."""
+    results: List[Optional[Dict[str, Any]]] = [None if b.get("status") == "built" else b for b in builds]
+    todo = [i for i, r in enumerate(results) if r is None]
+    if todo:
+        envs = [{} if d is None else {"CUDA_VISIBLE_DEVICES": str(d)} for d in slots]
+        payloads = [{"candidate": cands[i], "matrix": matrix_path, "lib": builds[i]["lib"],
+                     "meta": builds[i]["meta"], "number": number, "repeat": repeat, "seed": seed + i}
+                    for i in todo]
+        with _Pool(envs, standby=True) as pool:
+            outs = pool.run("measure", payloads, timeout_s)
+        for i, o in zip(todo, outs):
+            o = dict(o)
+            o.setdefault("error", None)
+            o.setdefault("max_rel_err", None)
+            o.setdefault("time_ms", None)
+            o["compile_s"] = builds[i]["compile_s"]
+            results[i] = {k: o.get(k) for k in ("status", "time_ms", "error", "max_rel_err", "compile_s")}
+    return results
+
+
+def _failed(status: str, error, compile_s=None) -> Dict[str, Any]:
+    return {"status": status, "time_ms": None, "error": _short(error), "max_rel_err": None, "compile_s": compile_s}
+
+
+def _short(msg) -> Optional[str]:
+    """The first line of an error, bounded: TVM errors carry long tracebacks."""
+    if msg is None:
+        return None
+    text = str(msg).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else text)
+    return first if len(first) <= _MAX_ERROR_CHARS else first[:_MAX_ERROR_CHARS - 3] + "..."
+
+
+# ---- worker processes ----------------------------------------------------------------------------
+
+class _Worker:
+    """One spawned worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx, env: Dict[str, str]):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, env), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+
+    def stop(self, kill: bool = False):
+        """End the process: politely when idle, SIGKILL when it is stuck or ``kill``."""
+        if self.proc.is_alive() and not kill:
+            try:
+                self.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            self.proc.join(2.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class _Slot:
+    """A place where one task runs at a time: its worker, a ready spare (measuring
+    pools), the environment both get, and how many of its workers died while starting."""
+
+    def __init__(self, ctx, env, standby: bool):
+        self.ctx, self.env, self.standby = ctx, env, standby
+        self.worker = _Worker(ctx, env)
+        self.spare = _Worker(ctx, env) if standby else None
+        self.startup_failures = 0
+
+    def workers(self) -> List[_Worker]:
+        return [w for w in (self.worker, self.spare) if w is not None]
+
+    def replace(self, w: _Worker, kill: bool):
+        """Drop ``w`` (dead or stuck) and put a fresh process in its place; the spare, when
+        there is one, takes over at once so the next task waits for no import."""
+        if not w.ready:
+            self.startup_failures += 1
+            if self.startup_failures >= _STARTUP_FAILURES:
+                raise RuntimeError(f"tuning workers die while starting (exit code {w.proc.exitcode}); "
+                                   "see their stderr (a script calling measure needs an if __name__ == '__main__': guard)")
+        w.stop(kill=kill)
+        if w is self.worker and self.spare is not None:
+            self.worker, self.spare = self.spare, _Worker(self.ctx, self.env)
+        elif w is self.worker:
+            self.worker = _Worker(self.ctx, self.env)
+        else:
+            self.spare = _Worker(self.ctx, self.env)
+
+    def close(self):
+        for w in self.workers():
+            w.stop()
+
+
+class _Pool:
+    """Long-lived spawned workers, one task at a time per slot, with per-task deadlines."""
+
+    def __init__(self, envs: Sequence[Dict[str, str]], standby: bool):
+        ctx = multiprocessing.get_context("spawn")
+        self.slots: List[_Slot] = []
+        try:
+            for env in envs:
+                self.slots.append(_Slot(ctx, env, standby))
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for s in self.slots:
+            s.close()
+
+    def run(self, kind: str, payloads: Sequence[Dict[str, Any]], timeout_s: float) -> List[Dict[str, Any]]:
+        """Run every payload through the task ``kind``; a task whose worker dies reads
+        {"status": "crash"}, one past ``timeout_s`` {"status": "timeout"}."""
+        pending = deque(enumerate(payloads))
+        results: List[Optional[Dict[str, Any]]] = [None] * len(payloads)
+        busy: Dict[_Slot, tuple] = {}  # slot -> (task index, deadline)
+        while pending or busy:
+            self._dispatch(kind, pending, busy, timeout_s)
+            self._wait(busy)
+            self._collect(busy, results)
+            self._expire(busy, results, timeout_s)
+        return results
+
+    def _dispatch(self, kind, pending, busy, timeout_s):
+        for s in self.slots:
+            if pending and s not in busy and s.worker.ready:
+                idx, payload = pending.popleft()
+                s.worker.conn.send((kind, payload))
+                busy[s] = (idx, time.monotonic() + timeout_s)
+
+    def _wait(self, busy):
+        """Block until a message, a death, or the nearest deadline."""
+        objs = [o for s in self.slots for w in s.workers() for o in (w.conn, w.proc.sentinel)]
+        timeout = None
+        if busy:
+            timeout = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
+        wait(objs, timeout=timeout)
+
+    def _collect(self, busy, results):
+        for s in self.slots:
+            for w in s.workers():
+                msg = _poll(w)
+                if msg == "dead":
+                    if w is s.worker and s in busy:
+                        idx, _ = busy.pop(s)
+                        results[idx] = {"status": "crash", "error": _death(w.proc)}
+                    s.replace(w, kill=True)
+                elif msg is not None and msg[0] == "ready":
+                    w.ready = True
+                elif msg is not None and msg[0] == "done" and s in busy:
+                    idx, _ = busy.pop(s)
+                    results[idx] = msg[1]
+
+    def _expire(self, busy, results, timeout_s):
+        now = time.monotonic()
+        for s, (idx, deadline) in list(busy.items()):
+            if now >= deadline:
+                busy.pop(s)
+                results[idx] = {"status": "timeout", "error": f"no result within {timeout_s:g} s; worker killed"}
+                s.replace(s.worker, kill=True)
+
+
+def _poll(w: _Worker):
+    """The worker's next message, "dead" when its process has ended, or None."""
+    try:
+        if w.conn.poll():
+            return w.conn.recv()
+    except (EOFError, OSError):
+        w.proc.join(1.0)
+        return "dead"
+    if not w.proc.is_alive():
+        return "dead"
+    return None
+
+
+def _death(proc) -> str:
+    """How the worker ended, e.g. 'worker died: signal SIGSEGV'."""
+    proc.join(1.0)
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"worker died: signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker died: signal {-code}"
+    return f"worker died: exit code {code}"
+
+
+def _worker_main(conn, env: Dict[str, str]):
+    """Worker loop: import the compiler once (seconds), announce readiness, then run tasks
+    until told to stop. Each task handler turns its own exceptions into a status."""
+    os.environ.update(env)  # before anything touches CUDA: the GPU this worker measures on
+    importlib.import_module("sparsec.build")  # TVM imported before "ready": deadlines exclude it
+
+    conn.send(("ready", None))
+    handlers = {"build": _build_task, "measure": _measure_task}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        kind, payload = msg
+        conn.send(("done", handlers[kind](payload)))
+
+
+# ---- the tasks (run inside workers) --------------------------------------------------------------
+
+_MATRICES: Dict[str, Any] = {}
+
+
+def _load_matrix(path: str):
+    """The run's matrix, read once per worker."""
+    if path not in _MATRICES:
+        import scipy.sparse as sp
+
+        _MATRICES.clear()
+        _MATRICES[path] = sp.load_npz(path).tocsr()
+    return _MATRICES[path]
+
+
+def _convert(cand, matrix_path: str):
+    """The candidate's format instance (format_knobs as the format's keyword parameters)."""
+    from .. import workload
+
+    inst, _ = workload.convert(_load_matrix(matrix_path), cand["format"], cand["format_knobs"], cand["dtype"])
+    return inst
+
+
+def _build_task(p) -> Dict[str, Any]:
+    """Convert, compile and export to a shared library, returning what the measuring
+    worker needs to rebuild the Kernel around the loaded library."""
+    import sparsec
+
+    cand = p["candidate"]
+    t0 = time.perf_counter()
+    try:
+        if cand["inject"] == "compile_error":
+            raise RuntimeError("injected compile error (test hook)")
+        inst = _convert(cand, p["matrix"])
+        k = sparsec.compile(cand["op"], inst, feat=cand["feat"], target=p["target"],
+                            knobs=cand["schedule_knobs"] or None)
+        k.export(p["lib"])
+    except Exception as e:
+        return {"status": "compile_error", "error": _short(f"{type(e).__name__}: {e}"),
+                "compile_s": time.perf_counter() - t0}
+    meta = {"op_name": k.op_name, "format_spec": k.format_spec, "target": k.target, "dtype": k.dtype,
+            "params": k.params, "knobs": k.knobs}
+    return {"status": "built", "lib": p["lib"], "meta": meta, "compile_s": time.perf_counter() - t0}
+
+
+class _Loaded:
+    """A loaded shared library in the shape Kernel expects of an executable
+    (``ex[name]`` and ``ex.mod.time_evaluator``)."""
+
+    def __init__(self, mod):
+        self.mod = mod
+
+    def __getitem__(self, name):
+        return self.mod[name]
+
+
+def _measure_task(p) -> Dict[str, Any]:
+    """Check on poisoned outputs against the float64 reference, then time. Failures to
+    set up or run are runtime errors; a result outside tolerance is wrong, untimed."""
+    import numpy as np
+    import tvm
+
+    from .. import workload
+    from ..kernel import Kernel
+    from ..reference import REFERENCES, TOLERANCE, max_rel_err
+
+    cand = p["candidate"]
+    try:
+        inst = _convert(cand, p["matrix"])
+        kernel = Kernel(executable=_Loaded(tvm.runtime.load_module(p["lib"])), **p["meta"])
+        dense = workload.dense_inputs(kernel, inst, p["seed"])
+        _inject_fault(cand["inject"])
+        out = np.array(kernel(inst, *dense, poison=True), dtype=np.float64)
+        if cand["inject"] == "wrong" and out.size:
+            out.flat[out.size // 2] += 1.0 + abs(out).max()
+        err = max_rel_err(out, REFERENCES[cand["op"]](inst, *dense))
+    except Exception as e:
+        return {"status": "runtime_error", "error": _short(f"{type(e).__name__}: {e}")}
+    tol = TOLERANCE[cand["dtype"]]
+    if not err <= tol:
+        return {"status": "wrong", "error": f"max relative error {err:.3g} exceeds {tol:g}", "max_rel_err": err}
+    try:
+        t = kernel.time(inst, *dense, number=p["number"], repeat=p["repeat"])
+    except Exception as e:
+        return {"status": "runtime_error", "error": _short(f"{type(e).__name__}: {e}"), "max_rel_err": err}
+    return {"status": "ok", "time_ms": t["median_ms"], "max_rel_err": err}
+
+
+def _inject_fault(inject: Optional[str]):
+    """Test hook: die or hang the way a bad kernel would, mid-measurement."""
+    if inject == "crash":
+        os.abort()
+    if inject == "hang":
+        while True:
+            time.sleep(3600)
