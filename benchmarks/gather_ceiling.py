@@ -49,38 +49,13 @@ extern "C" __global__ void empty_kernel() {}
 """
 
 
-def time_graph(fn, batch: int = 20, samples: int = 30) -> float:
-    """Median ms per call of ``fn`` replayed from a CUDA graph of ``batch`` calls."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    from sparsec.bench.timing import _on_current_stream
-
-    with torch.cuda.graph(g), _on_current_stream():
-        for _ in range(batch):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / batch)
-    return float(np.median(out))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", nargs="+", default=["rmat-1M-30M"])
     ap.add_argument("--feat", nargs="+", type=int, default=[32, 128])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
-    import cupy  # noqa: F401  (before the timer's stream helper looks for it)
+    import cupy
     import torch
 
     from benchmarks.data import suites
@@ -88,8 +63,13 @@ def main(argv=None) -> int:
 
     mod = cupy.RawModule(code=GATHER_SRC)
     gather, empty = mod.get_function("gather_rows"), mod.get_function("empty_kernel")
+    timer = Timer("cuda")  # CUDA-graph replays; CuPy launches on the capture stream
+
+    def time_graph(fn) -> float:
+        return timer.measure([fn]).median_ms
+
     empty_ms = time_graph(lambda: empty((1,), (32,), ()))
-    copy_gbps = _copy_bandwidth(Timer("cuda"))
+    copy_gbps = _copy_bandwidth(timer)
     specs = {s.name: s for s in suites.RMAT_SPECS}
     rows = []
     for name in args.matrix:

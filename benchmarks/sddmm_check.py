@@ -7,9 +7,9 @@ Carry ``benchmarks/data/cache``; graphs that are not there are skipped. For each
 feature width F, sparsec's SDDMM ``C = A .* (X @ Y.T)`` (X rows x F, Y cols x F) runs at a
 few knob settings on CSR (one compiled kernel per F and setting, shared by every matrix)
 and at the default on hyb (rows cut into fixed-width buckets: load balance on power-law
-graphs), each checked against torch float64 on a poisoned output, then timed (CUDA
-events, median of batches after warm-up, dense inputs rotating over copies larger than
-L2). The peer is ``torch.sparse.sampled_addmm(A, X, Y.T)`` (cuSPARSE) on a contiguous
+graphs), each checked against torch float64 on a poisoned output, then timed with
+sparsec.bench's timer (CUDA-graph replays, median after warm-up, dense inputs rotating over
+copies larger than L2). The peer is ``torch.sparse.sampled_addmm(A, X, Y.T)`` (cuSPARSE) on a contiguous
 F x cols copy of Y made outside timing, without the scale by A (it computes X @ Y.T at A's
 entries only). Prints a table and geomeans; writes $OUT/sddmm_check.json.
 """
@@ -22,7 +22,6 @@ import sys
 import time
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,7 +31,10 @@ if "TVM_CUDA_COMPILE_MODE" not in os.environ:
     except ImportError:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
+sys.path.insert(0, os.path.dirname(HERE))
 import sparsec  # noqa: E402
+from benchmarks.check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
+from sparsec.bench.report import geomean  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 from sparsec.schedules.cuda_sddmm import default_lanes, default_vec  # noqa: E402
 
@@ -53,46 +55,6 @@ def csr_settings(F):
     return out
 
 
-def load(name, small):
-    path = os.path.join(HERE, "data", "cache", f"{name}.npz")
-    if not os.path.exists(path):
-        return None
-    m = sp.load_npz(path).tocsr().astype(np.float32)
-    if small:
-        m = m[:2000, :3000].tocsr()
-    m.sum_duplicates()
-    m.data = np.random.default_rng(4).standard_normal(m.nnz).astype(np.float32)
-    return m
-
-
-def timer(dev):
-    def cuda_timed(fn, inputs, warmup=5, reps=11, batch=10):
-        for i in range(warmup):
-            fn(inputs[i % len(inputs)])
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for i in range(batch):
-                fn(inputs[i % len(inputs)])
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) / batch)
-        return float(np.median(times))
-
-    def cpu_timed(fn, inputs, warmup=1, reps=3):
-        for i in range(warmup):
-            fn(inputs[i % len(inputs)])
-        times = []
-        for r in range(reps):
-            t0 = time.perf_counter()
-            fn(inputs[r % len(inputs)])
-            times.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(times))
-
-    return cuda_timed if dev.type == "cuda" else cpu_timed
-
-
 def reference(inst, X, Y):
     """float64 A .* (X @ Y.T) at every stored slot of ``inst`` (0 in padding slots)."""
     rows, cols = inst.stored_coords()
@@ -108,19 +70,6 @@ def reference(inst, X, Y):
     return torch.where(ok, out * vals, torch.zeros_like(out))
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    n = b.norm().item()
-    return (a - b).norm().item() / n if n > 0 else (a - b).norm().item()
-
-
-def geomean(v):
-    v = [x for x in v if x == x and x > 0]
-    return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="cuda")
@@ -133,12 +82,12 @@ def main():
     feats = [int(f) for f in args.feats.split(",")] if args.feats else ([32, 17] if args.small else list(FEATS))
     on_gpu = args.target.startswith("cuda")
     dev = torch.device("cuda" if on_gpu else "cpu")
-    timed = timer(dev)
+    timed = make_timed(dev.type)
     gpu = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     out_dir = os.environ.get("OUT", ".")
     rows, cache, t_compile, t_start = [], {}, 0.0, time.perf_counter()
     for name in graphs:
-        m = load(name, args.small)
+        m = load_graph(name, args.small)
         if m is None:
             print(f"skip {name}: not in benchmarks/data/cache", flush=True)
             continue
@@ -195,12 +144,8 @@ def main():
         bx = b["vs_cusparse"] if b else float("nan")
         what = f"{b['format']} {b['knobs']}" if b else "-"
         print(f"{r['matrix']:16s} {r['feat']:4d} {r['cusparse_ms']:9.4f} {dx:9.2f} {bx:7.2f}  {what}")
-    print("geomean: " + ", ".join(f"{k} {geomean(v):.2f}x" for k, v in geo.items()))
-    bad = [(r["matrix"], r["feat"], x["format"], x["knobs"], x["err"]) for r in rows for x in r["results"] if not x["ok"]]
-    if bad:
-        print("WRONG RESULTS:", bad)
-        return 1
-    return 0
+    print("geomean: " + ", ".join(f"{k} {geomean(v) or float('nan'):.2f}x" for k, v in geo.items()))
+    return report_wrong(rows)
 
 
 if __name__ == "__main__":

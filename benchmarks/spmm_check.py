@@ -5,8 +5,8 @@
 
 Carry ``benchmarks/data/cache`` (without the 1M-row R-MAT, which ``--rmat-1m`` generates).
 For each graph and feature width, every setting is checked against torch float64 on a
-poisoned output, then timed (CUDA events, median after warm-up; the dense input rotates
-over copies larger than L2). Prints the best setting per format and writes
+poisoned output, then timed (sparsec.bench's timer: CUDA-graph replays, median after
+warm-up; the dense input rotates over copies larger than L2). Prints the best setting per format and writes
 $OUT/spmm_check.json: the data for choosing the templates' defaults and the default format.
 """
 from __future__ import annotations
@@ -18,7 +18,6 @@ import sys
 import time
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,31 +27,21 @@ if "TVM_CUDA_COMPILE_MODE" not in os.environ:
     except ImportError:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
+sys.path.insert(0, os.path.dirname(HERE))
 import sparsec  # noqa: E402
-from sparsec.bench.timing import Timer  # noqa: E402
+from benchmarks.check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
+from sparsec.bench.report import geomean  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
-
-TIMER = Timer("cuda", warmup_ms=10.0, budget_ms=60.0, max_reps=150)
 
 GRAPHS = ("cond-mat", "as-22july06", "cond-mat-2003", "astro-ph", "pgp-strong-2009", "cond-mat-2005", "email-Enron",
           "copter2", "mdual", "rmat-s16", "rmat-s18")
 SETTINGS = {
-    "csr": ({"vec": 4, "unroll": 2}, {"vec": 4, "unroll": 4}, {"vec": 4, "unroll": 8}, {"vec": 4, "unroll": 16},
+    "csr": ({"vec": 4, "unroll": 2}, {"vec": 4, "unroll": 4}, {"vec": 4, "unroll": 8},
             {"vec": 2, "unroll": 8}, {"rows_per_block": 2, "vec": 4, "unroll": 8}),
     "hyb": ({"vec": 4, "slots_per_block": 64}, {"vec": 4, "slots_per_block": 256}, {"vec": 4, "slots_per_block": 32},
             {"rows_per_block": 2, "vec": 4, "slots_per_block": 1024}, {"vec": 2, "slots_per_block": 64}),
 }
 L2_BYTES = 64 << 20
-
-
-def load(name):
-    path = os.path.join(HERE, "data", "cache", f"{name}.npz")
-    if not os.path.exists(path):
-        return None
-    m = sp.load_npz(path).tocsr().astype(np.float32)
-    m.sum_duplicates()
-    m.data = np.random.default_rng(4).standard_normal(m.nnz).astype(np.float32)
-    return m
 
 
 def rmat_1m():
@@ -62,20 +51,9 @@ def rmat_1m():
     return rmat_graph(os.path.join(HERE, "data", "cache"), RMAT_SPECS[-1])
 
 
-def timed(fn, inputs):
-    """Median per-call time of fn(x), x cycling over ``inputs`` (sparsec.bench's timer:
-    batches of back-to-back calls between CUDA events, after a warm-up)."""
-    return TIMER.measure([lambda x=x: fn(x) for x in inputs]).median_ms
-
-
 def torch_csr(m, dev, dtype):
     return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)), torch.from_numpy(m.indices.astype(np.int64)),
                                    torch.from_numpy(m.data).to(dtype), size=m.shape, device=dev)
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def main():
@@ -89,7 +67,8 @@ def main():
     dev = torch.device("cuda")
     gpu = torch.cuda.get_device_name(0)
     out_dir = os.environ.get("OUT", ".")
-    mats = [(g, load(g)) for g in args.graphs.split(",")]
+    timed = make_timed("cuda")
+    mats = [(g, load_graph(g)) for g in args.graphs.split(",")]
     if args.rmat_1m:
         mats.append(("rmat-1M-30M", rmat_1m()))
     rows, cache, t_compile = [], {}, 0.0
@@ -139,12 +118,8 @@ def main():
             line += f"{(b['vs_cusparse'] if b else float('nan')):9.2f} "
         print(line)
     for f, v in geo.items():
-        print(f"{f}: geomean best {np.exp(np.nanmean(np.log(v))):.2f}x")
-    bad = [(r["matrix"], r["feat"], x["format"], x["knobs"]) for r in rows for x in r["results"] if not x["ok"]]
-    if bad:
-        print("WRONG RESULTS:", bad)
-        return 1
-    return 0
+        print(f"{f}: geomean best {geomean(v) or float('nan'):.2f}x")
+    return report_wrong(rows)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""What the GPU sweep scripts (spmm_check.py, sddmm_check.py) share: loading a cached graph
+with fresh values, the norm-wise error, sparsec.bench's timer, and the wrong-result report."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import scipy.sparse as sp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACHE = os.path.join(HERE, "data", "cache")
+
+
+def load_graph(name: str, small: bool = False):
+    """``<name>.npz`` from the cache as float32 CSR with seeded normal values (None when it is
+    not there); ``small`` keeps a 2000 x 3000 corner for CPU dry runs."""
+    path = os.path.join(CACHE, f"{name}.npz")
+    if not os.path.exists(path):
+        return None
+    m = sp.load_npz(path).tocsr().astype(np.float32)
+    if small:
+        m = m[:2000, :3000].tocsr()
+    m.sum_duplicates()
+    m.data = np.random.default_rng(4).standard_normal(m.nnz).astype(np.float32)
+    return m
+
+
+def rel(a, b) -> float:
+    """||a - b|| / ||b|| in float64; a non-finite ``a`` (an unwritten poisoned element) is inf."""
+    import torch
+
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    n = b.norm().item()
+    return (a - b).norm().item() / n if n > 0 else (a - b).norm().item()
+
+
+def make_timed(device: str):
+    """``timed(fn, inputs)``: median ms per call of fn(x), x cycling over ``inputs``, with
+    sparsec.bench's timer (CUDA-graph replays on the GPU, perf_counter on the CPU)."""
+    from sparsec.bench.timing import Timer
+
+    timer = Timer(device, warmup_ms=10.0, budget_ms=60.0, max_reps=150)
+
+    def timed(fn, inputs) -> float:
+        return timer.measure([lambda x=x: fn(x) for x in inputs]).median_ms
+
+    return timed
+
+
+def report_wrong(rows) -> int:
+    """Print every setting whose result failed its check; 1 when there is one (the exit code)."""
+    bad = [(r["matrix"], r["feat"], x["format"], x["knobs"], x["err"]) for r in rows for x in r["results"]
+           if not x["ok"]]
+    if bad:
+        print("WRONG RESULTS:", bad)
+        return 1
+    return 0
