@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sparsec.tune.runner import measure
+from sparsec.tune.runner import RESULT_KEYS, Runner, measure
 
 HANG_TIMEOUT_S = 4.0
 
@@ -70,7 +70,8 @@ def test_good_candidates_are_measured(runs):
     assert len(runs["good"]) == len(GOOD)
     for r in runs["good"]:
         _assert_ok(r)
-        assert set(r) == {"status", "time_ms", "error", "max_rel_err", "compile_s"}
+        assert set(r) == set(RESULT_KEYS)
+        assert r["method"] == "evaluator" and r["load_s"] >= 0
 
 
 def test_faults_are_recorded_in_order_and_the_rest_measured(runs):
@@ -127,3 +128,15 @@ def test_bad_arguments_raise(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         measure(**args)
+
+
+def test_a_runner_keeps_its_workers_across_rounds_and_matrices():
+    """A tuner measures in rounds: one Runner serves them all, on any matrix, and a
+    round after a crash still runs."""
+    m1, m2 = _matrix(), _matrix()[:120, :90]
+    with Runner("llvm", timeout_s=HANG_TIMEOUT_S, workers=1, number=2, repeat=2) as r:
+        first = r.measure([GOOD[0], BAD[0]], m1)
+        second = r.measure([GOOD[1]], m2, seed=5)
+        third = r.measure([GOOD[0]], m1)
+    assert [x["status"] for x in first] == ["ok", "crash"]
+    assert second[0]["status"] == "ok" and third[0]["status"] == "ok"

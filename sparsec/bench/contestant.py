@@ -126,13 +126,18 @@ def in_kernel_layout(kernel, dense):
     return tuple(out)
 
 
-def prepare_sparsec(kernel, A, dense, poison: bool = True) -> Prepared:
+def prepare_sparsec(kernel, A, dense, poison: bool = True, layout: str = "standard") -> Prepared:
     """The compiled function and its argument list, built once by ``Kernel.prepare`` (which
     checks format, dtypes, shapes and devices) and turned into TVM tensors, so the timed loop
-    calls the function directly with no per-call checks or DLPack conversions."""
+    calls the function directly with no per-call checks or DLPack conversions. ``dense``
+    comes in the benchmark's standard layouts, or (``layout="kernel"``) already as the
+    kernel declares its inputs."""
     import tvm
 
-    dense = in_kernel_layout(kernel, dense)
+    if layout not in ("standard", "kernel"):
+        raise ValueError(f"layout should be 'standard' or 'kernel', got {layout!r}")
+    if layout == "standard":
+        dense = in_kernel_layout(kernel, dense)
     args, outs, _ = kernel.prepare(A, *dense, poison=poison)
     if len(outs) != 1:
         raise ValueError(f"the benchmark times operators with one output; {kernel.op_name} has {len(outs)}")

@@ -44,9 +44,11 @@ import os
 import signal
 import tempfile
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
 
 OPS = ("spmm", "sddmm")
 STATUSES = ("ok", "compile_error", "runtime_error", "crash", "timeout", "wrong")
@@ -115,30 +117,100 @@ def _check_target(target: str, devices) -> List[Optional[int]]:
 
 # ---- the public entry point ----------------------------------------------------------------------
 
+RESULT_KEYS = ("status", "time_ms", "error", "max_rel_err", "compile_s", "method", "load_s")
+
+
 def measure(candidates: Sequence[Dict[str, Any]], matrix, target: str = "llvm", *,
             timeout_s: float = 10.0, build_timeout_s: float = 120.0, workers: Optional[int] = None,
             number: int = 10, repeat: int = 5, devices: Optional[Sequence[int]] = None,
             seed: int = 0) -> List[Dict[str, Any]]:
     """Build and measure every candidate for ``matrix`` (anything ``formats.convert``
-    accepts); one result dict per candidate, in order (see the module docstring).
+    accepts); one result dict per candidate, in order (see the module docstring). A
+    one-shot :class:`Runner`; a tuner that measures in rounds keeps one Runner open instead,
+    so its workers (and their caches) live across rounds."""
+    with Runner(target, timeout_s=timeout_s, build_timeout_s=build_timeout_s, workers=workers, number=number,
+                repeat=repeat, devices=devices) as runner:
+        return runner.measure(candidates, matrix, seed=seed)
+
+
+class Runner:
+    """Long-lived build and measure workers for one target.
 
     ``timeout_s`` bounds each candidate's measurement (check plus timing) and
     ``build_timeout_s`` its build; ``workers`` build processes (default: the CPU count);
-    ``number`` x ``repeat`` timed runs, of which the median of the repeats is reported."""
-    cands = [normalize_candidate(c, i) for i, c in enumerate(_as_list(candidates))]
-    _check_positive("timeout_s", timeout_s)
-    _check_positive("build_timeout_s", build_timeout_s)
-    _check_positive("number", number, int)
-    _check_positive("repeat", repeat, int)
-    if workers is not None:
-        _check_positive("workers", workers, int)
-    slots = _check_target(target, devices)
-    if not cands:
-        return []
-    with tempfile.TemporaryDirectory(prefix="sparsec-tune-") as tmp:
-        matrix_path = _save_matrix(matrix, tmp)
-        builds = _build_all(cands, matrix_path, target, tmp, workers, build_timeout_s)
-        return _measure_all(cands, builds, matrix_path, slots, timeout_s, number, repeat, seed)
+    on the CPU ``number`` x ``repeat`` timed runs, of which the median of the repeats is
+    reported. On a GPU with torch, candidates are timed like every benchmark contestant
+    (``sparsec.bench.timing.Timer``: CUDA-graph replay over rotated copies of the inputs,
+    so each call reads from memory rather than a warm L2). Pools start at the first
+    ``measure`` and stop at ``close`` (or the end of a ``with`` block)."""
+
+    def __init__(self, target: str = "llvm", *, timeout_s: float = 10.0, build_timeout_s: float = 120.0,
+                 workers: Optional[int] = None, number: int = 10, repeat: int = 5,
+                 devices: Optional[Sequence[int]] = None):
+        _check_positive("timeout_s", timeout_s)
+        _check_positive("build_timeout_s", build_timeout_s)
+        _check_positive("number", number, int)
+        _check_positive("repeat", repeat, int)
+        if workers is not None:
+            _check_positive("workers", workers, int)
+        self.slots = _check_target(target, devices)
+        self.target, self.timeout_s, self.build_timeout_s = target, timeout_s, build_timeout_s
+        self.workers, self.number, self.repeat = workers, number, repeat
+        self._tmp = tempfile.TemporaryDirectory(prefix="sparsec-tune-")
+        self._builders: Optional[_Pool] = None
+        self._measurers: Optional[_Pool] = None
+        self._matrices: Dict[int, tuple] = {}  # id(matrix) -> (matrix, path): one file per matrix
+        self._libs = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for pool in (self._builders, self._measurers):
+            if pool is not None:
+                pool.close()
+        self._builders = self._measurers = None
+        self._tmp.cleanup()
+
+    def measure(self, candidates: Sequence[Dict[str, Any]], matrix, seed: int = 0) -> List[Dict[str, Any]]:
+        """One result dict per candidate, in order. ``seed`` draws the dense inputs (the same
+        for every candidate of the call, so the float64 reference is computed once)."""
+        cands = [normalize_candidate(c, i) for i, c in enumerate(_as_list(candidates))]
+        if not cands:
+            return []
+        matrix_path = self._matrix_path(matrix)
+        if self._builders is None:
+            n = self.workers or os.cpu_count() or 1
+            self._builders = _Pool([_BUILD_ENV] * n, standby=False)
+        builds = _build_all(self._builders, cands, matrix_path, self.target, self._lib_paths(len(cands)),
+                            self.build_timeout_s)
+        if self._measurers is None and any(b.get("status") == "built" for b in builds):
+            envs = [{} if d is None else {"CUDA_VISIBLE_DEVICES": str(d)} for d in self.slots]
+            self._measurers = _Pool(envs, standby=True)
+        return _measure_all(self._measurers, cands, builds, matrix_path, self.timeout_s, self.number,
+                            self.repeat, seed)
+
+    def _matrix_path(self, matrix) -> str:
+        """The matrix as canonical CSR in one .npz that every worker loads (once per worker),
+        rather than pickling it into every task."""
+        import scipy.sparse as sp
+
+        from .. import formats
+
+        known = self._matrices.get(id(matrix))
+        if known is not None and known[0] is matrix:
+            return known[1]
+        path = os.path.join(self._tmp.name, f"matrix{len(self._matrices)}.npz")
+        sp.save_npz(path, formats.as_csr(matrix), compressed=False)
+        self._matrices[id(matrix)] = (matrix, path)
+        return path
+
+    def _lib_paths(self, n: int) -> List[str]:
+        start, self._libs = self._libs, self._libs + n
+        return [os.path.join(self._tmp.name, f"cand{i}.so") for i in range(start, start + n)]
 
 
 def _as_list(candidates) -> list:
@@ -147,55 +219,36 @@ def _as_list(candidates) -> list:
     return list(candidates)
 
 
-def _save_matrix(matrix, tmp: str) -> str:
-    """The matrix as canonical CSR in one .npz that every worker loads (once per worker),
-    rather than pickling it into every task."""
-    import scipy.sparse as sp
-
-    from .. import formats
-
-    path = os.path.join(tmp, "matrix.npz")
-    sp.save_npz(path, formats.as_csr(matrix), compressed=False)
-    return path
-
-
-def _build_all(cands, matrix_path, target, tmp, workers, build_timeout_s) -> List[Dict[str, Any]]:
+def _build_all(pool, cands, matrix_path, target, libs, build_timeout_s) -> List[Dict[str, Any]]:
     """Build outcomes per candidate: {"status": "built", "lib", "meta", "compile_s"} or a
     failed result (compile_error; crash or timeout when the compiler itself died or hung),
     which is that candidate's failure alone."""
-    n = min(len(cands), workers or os.cpu_count() or 1)
-    payloads = [{"candidate": c, "matrix": matrix_path, "target": target,
-                 "lib": os.path.join(tmp, f"cand{i}.so")} for i, c in enumerate(cands)]
-    with _Pool([{}] * n, standby=False) as pool:
-        outs = pool.run("build", payloads, build_timeout_s)
+    payloads = [{"candidate": c, "matrix": matrix_path, "target": target, "lib": lib} for c, lib in zip(cands, libs)]
+    outs = pool.run("build", payloads, build_timeout_s)
     return [o if o["status"] == "built" else _failed(o["status"], o.get("error"), o.get("compile_s"))
             for o in outs]
 
 
-def _measure_all(cands, builds, matrix_path, slots, timeout_s, number, repeat, seed):
+def _measure_all(pool, cands, builds, matrix_path, timeout_s, number, repeat, seed):
     """Measure the built candidates, one per measuring slot at a time, and merge the build
     failures back in candidate order."""
     results: List[Optional[Dict[str, Any]]] = [None if b.get("status") == "built" else b for b in builds]
     todo = [i for i, r in enumerate(results) if r is None]
     if todo:
-        envs = [{} if d is None else {"CUDA_VISIBLE_DEVICES": str(d)} for d in slots]
         payloads = [{"candidate": cands[i], "matrix": matrix_path, "lib": builds[i]["lib"],
-                     "meta": builds[i]["meta"], "number": number, "repeat": repeat, "seed": seed + i}
+                     "meta": builds[i]["meta"], "number": number, "repeat": repeat, "seed": seed}
                     for i in todo]
-        with _Pool(envs, standby=True) as pool:
-            outs = pool.run("measure", payloads, timeout_s)
+        outs = pool.run("measure", payloads, timeout_s)
         for i, o in zip(todo, outs):
             o = dict(o)
-            o.setdefault("error", None)
-            o.setdefault("max_rel_err", None)
-            o.setdefault("time_ms", None)
             o["compile_s"] = builds[i]["compile_s"]
-            results[i] = {k: o.get(k) for k in ("status", "time_ms", "error", "max_rel_err", "compile_s")}
+            results[i] = {k: o.get(k) for k in RESULT_KEYS}
     return results
 
 
 def _failed(status: str, error, compile_s=None) -> Dict[str, Any]:
-    return {"status": status, "time_ms": None, "error": _short(error), "max_rel_err": None, "compile_s": compile_s}
+    return {"status": status, "time_ms": None, "error": _short(error), "max_rel_err": None, "compile_s": compile_s,
+            "method": None, "load_s": None}
 
 
 def _short(msg) -> Optional[str]:
@@ -389,7 +442,11 @@ def _worker_main(conn, env: Dict[str, str]):
 
 # ---- the tasks (run inside workers) --------------------------------------------------------------
 
+_BUILD_ENV: Dict[str, str] = {}
 _MATRICES: Dict[str, Any] = {}
+_INSTANCES: "OrderedDict[tuple, Any]" = OrderedDict()  # converted matrices, most recent last
+_CASES: Dict[tuple, Any] = {}  # dense inputs and SpMM references of the current case
+_KEEP_INSTANCES = 6
 
 
 def _load_matrix(path: str):
@@ -398,21 +455,35 @@ def _load_matrix(path: str):
         import scipy.sparse as sp
 
         _MATRICES.clear()
+        _INSTANCES.clear()
+        _CASES.clear()
         _MATRICES[path] = sp.load_npz(path).tocsr()
     return _MATRICES[path]
 
 
 def _convert(cand, matrix_path: str):
-    """The candidate's format instance (format_knobs as the format's keyword parameters)."""
+    """The candidate's format instance (format_knobs as the format's keyword parameters),
+    kept for the next few candidates: a tuner measures several schedules of one format."""
+    import json
+
     from .. import workload
 
+    key = (matrix_path, cand["format"], json.dumps(cand["format_knobs"], sort_keys=True), cand["dtype"])
+    if key in _INSTANCES:
+        _INSTANCES.move_to_end(key)
+        return _INSTANCES[key]
     inst, _ = workload.convert(_load_matrix(matrix_path), cand["format"], cand["format_knobs"], cand["dtype"])
+    _INSTANCES[key] = inst
+    while len(_INSTANCES) > _KEEP_INSTANCES:
+        _INSTANCES.popitem(last=False)
     return inst
 
 
 def _build_task(p) -> Dict[str, Any]:
     """Convert, compile and export to a shared library, returning what the measuring
-    worker needs to rebuild the Kernel around the loaded library."""
+    worker needs to rebuild the Kernel around the loaded library. For CUDA the device
+    code is also compiled here (in parallel, off the measuring GPU's critical path) into
+    the binary cache that the measuring worker's loader reads."""
     import sparsec
 
     cand = p["candidate"]
@@ -424,12 +495,69 @@ def _build_task(p) -> Dict[str, Any]:
         k = sparsec.compile(cand["op"], inst, feat=cand["feat"], target=p["target"],
                             knobs=cand["schedule_knobs"] or None)
         k.export(p["lib"])
-    except Exception as e:
+        if k.target.kind == "cuda":
+            _precompile_cuda(k, os.path.dirname(p["lib"]))
+    except Exception as e:  # noqa: BLE001 - any failure to build is this candidate's compile error
         return {"status": "compile_error", "error": _short(f"{type(e).__name__}: {e}"),
                 "compile_s": time.perf_counter() - t0}
     meta = {"op_name": k.op_name, "format_spec": k.format_spec, "target": k.target, "dtype": k.dtype,
             "params": k.params, "knobs": k.knobs}
     return {"status": "built", "lib": p["lib"], "meta": meta, "compile_s": time.perf_counter() - t0}
+
+
+# TVM keeps a CUDA module's source and compiles it (tvm_callback_cuda_compile, NVRTC or nvcc)
+# when the module is loaded. Loading happens in the measuring worker, one candidate at a
+# time, so the builders compile each source ahead and file the binary under the source's
+# hash; the measuring worker's callback returns a filed binary and compiles only on a miss.
+_CUDA_CALLBACK = "tvm_callback_cuda_compile"
+
+
+def _source_key(code) -> str:
+    import hashlib
+
+    text = code if isinstance(code, str) else bytes(code).decode("utf-8", "replace")
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _precompile_cuda(kernel, cache_dir: str):
+    import tvm_ffi
+
+    code = kernel.source()
+    path = os.path.join(cache_dir, f"cuda-{_source_key(code)}.bin")
+    if os.path.exists(path):
+        return
+    compile_fn = tvm_ffi.get_global_func(_CUDA_CALLBACK)
+    try:
+        with kernel.target.tvm_target():
+            binary = bytes(compile_fn(code))
+    except Exception:  # noqa: BLE001 - no compiler here: the loader compiles it as usual
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(binary)
+    os.replace(tmp, path)
+
+
+def _use_binary_cache(cache_dir: str):
+    """Make the loader's CUDA compile step read the builders' binaries first."""
+    import tvm_ffi
+
+    if _BINARY_CACHE.get("dir") == cache_dir:
+        return
+    original = _BINARY_CACHE.get("original") or tvm_ffi.get_global_func(_CUDA_CALLBACK)
+
+    def cached_compile(code, *rest):
+        path = os.path.join(cache_dir, f"cuda-{_source_key(code)}.bin")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                return bytearray(f.read())
+        return original(code, *rest)
+
+    tvm_ffi.register_global_func(_CUDA_CALLBACK, cached_compile, override=True)
+    _BINARY_CACHE.update(dir=cache_dir, original=original)
+
+
+_BINARY_CACHE: Dict[str, Any] = {}
 
 
 class _Loaded:
@@ -443,36 +571,121 @@ class _Loaded:
         return self.mod[name]
 
 
+def _cuda_timer():
+    """sparsec.bench's timer when torch sees a GPU (graph replay over rotated copies), else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from ..bench.timing import Timer
+
+    return Timer("cuda", warmup_ms=10.0, budget_ms=60.0, min_reps=5, max_reps=30)
+
+
+def _case_inputs(kernel, inst, cand, p, on_gpu: bool):
+    """Dense inputs (numpy, and torch on the GPU) and, for SpMM, the float64 reference, made
+    once per (matrix, op, width, dtype, seed): every candidate of a tuning round shares them.
+    SDDMM's reference is per format (its output follows the format's stored slots)."""
+    from .. import workload
+    from ..reference import REFERENCES
+
+    shapes = tuple((q.name, q.dtype, q.shape) for q in kernel.inputs)
+    key = (p["matrix"], cand["op"], cand["feat"], cand["dtype"], p["seed"], shapes, on_gpu)
+    if key not in _CASES:
+        _CASES.clear()
+        dense = workload.dense_inputs(kernel, inst, p["seed"])
+        ref = REFERENCES["spmm"](inst, *dense) if cand["op"] == "spmm" else None
+        entry = {"dense": dense, "ref": ref, "dense_dev": None, "ref_dev": None}
+        if on_gpu:
+            import torch
+
+            entry["dense_dev"] = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in dense]
+            if ref is not None:
+                entry["ref_dev"] = torch.from_numpy(ref).cuda()
+        _CASES[key] = entry
+    return _CASES[key]
+
+
+def _gpu_rel_err(out, ref) -> float:
+    """reference.max_rel_err on the GPU (outputs of hundreds of MB compare in milliseconds)."""
+    import torch
+
+    o = out.to(torch.float64)
+    bad_nan = torch.isnan(o) & ~torch.isnan(ref)
+    if bool(bad_nan.any()):
+        return float("inf")
+    scale = float(torch.nan_to_num(ref.abs(), nan=0.0).max()) if ref.numel() else 0.0
+    diff = torch.nan_to_num((o - ref).abs(), nan=0.0)
+    worst = float(diff.max()) if diff.numel() else 0.0
+    return worst / scale if scale > 0 else worst
+
+
 def _measure_task(p) -> Dict[str, Any]:
     """Check on poisoned outputs against the float64 reference, then time. Failures to
     set up or run are runtime errors; a result outside tolerance is wrong, untimed."""
-    import numpy as np
     import tvm
 
-    from .. import workload
     from ..kernel import Kernel
     from ..reference import REFERENCES, TOLERANCE, max_rel_err
 
     cand = p["candidate"]
+    timer = None
     try:
         inst = _convert(cand, p["matrix"])
+        if p["meta"]["target"].kind == "cuda":
+            _use_binary_cache(os.path.dirname(p["lib"]))
+            timer = _cuda_timer()
+        t_load = time.perf_counter()
         kernel = Kernel(executable=_Loaded(tvm.runtime.load_module(p["lib"])), **p["meta"])
-        dense = workload.dense_inputs(kernel, inst, p["seed"])
+        kernel.executable[kernel.op_name]  # resolve the function: CUDA modules compile here
+        load_s = time.perf_counter() - t_load
+        case = _case_inputs(kernel, inst, cand, p, timer is not None)
         _inject_fault(cand["inject"])
-        out = np.array(kernel(inst, *dense, poison=True), dtype=np.float64)
-        if cand["inject"] == "wrong" and out.size:
-            out.flat[out.size // 2] += 1.0 + abs(out).max()
-        err = max_rel_err(out, REFERENCES[cand["op"]](inst, *dense))
+        if timer is not None:
+            out = kernel(inst, *case["dense_dev"], poison=True)
+            if cand["inject"] == "wrong" and out.numel():
+                out.view(-1)[out.numel() // 2] += 1.0 + float(out.abs().max())
+            ref = case["ref_dev"]
+            if ref is None:
+                import torch
+
+                ref = torch.from_numpy(REFERENCES[cand["op"]](inst, *case["dense"])).cuda()
+            err = _gpu_rel_err(out, ref)
+        else:
+            out = np.array(kernel(inst, *case["dense"], poison=True), dtype=np.float64)
+            if cand["inject"] == "wrong" and out.size:
+                out.flat[out.size // 2] += 1.0 + abs(out).max()
+            ref = case["ref"] if case["ref"] is not None else REFERENCES[cand["op"]](inst, *case["dense"])
+            err = max_rel_err(out, ref)
     except Exception as e:
         return {"status": "runtime_error", "error": _short(f"{type(e).__name__}: {e}")}
     tol = TOLERANCE[cand["dtype"]]
     if not err <= tol:
         return {"status": "wrong", "error": f"max relative error {err:.3g} exceeds {tol:g}", "max_rel_err": err}
     try:
-        t = kernel.time(inst, *dense, number=p["number"], repeat=p["repeat"])
+        if timer is not None:
+            ms, method = _time_on_gpu(timer, kernel, inst, case["dense_dev"])
+        else:
+            ms, method = kernel.time(inst, *case["dense"], number=p["number"], repeat=p["repeat"])["median_ms"], \
+                "evaluator"
     except Exception as e:
         return {"status": "runtime_error", "error": _short(f"{type(e).__name__}: {e}"), "max_rel_err": err}
-    return {"status": "ok", "time_ms": t["median_ms"], "max_rel_err": err}
+    return {"status": "ok", "time_ms": ms, "max_rel_err": err, "method": method, "load_s": load_s}
+
+
+def _time_on_gpu(timer, kernel, inst, dense_dev):
+    """The median device time of one call, timed as the benchmark times it."""
+    from ..bench.contestant import prepare_sparsec
+    from ..bench.timing import device_l2_bytes, free_device_bytes, rotation_count
+
+    prepared = prepare_sparsec(kernel, inst, dense_dev, poison=False, layout="kernel")
+    copies = rotation_count(prepared.nbytes, device_l2_bytes(), free_device_bytes("cuda"))
+    calls = [prepared] + [prepared.clone() for _ in range(copies - 1)]
+    t = timer.measure(calls)
+    del calls
+    return t.median_ms, t.method
 
 
 def _inject_fault(inject: Optional[str]):
