@@ -316,3 +316,13 @@ def test_bad_values():
         rec.Record.from_dict([1, 2])
     with pytest.raises(ValueError, match="'target'"):
         rec.candidate_key({"op": "spmm", "format": "csr", "signature": "m-0"})
+
+
+def test_stats_leave_the_matrix_untouched():
+    """Block counting coarsens the pattern; with rows a multiple of the block size it once
+    rewrote the caller's indptr through a view."""
+    rng = np.random.default_rng(11)
+    m = sp.random(64, 48, 0.2, format="csr", random_state=rng)
+    indptr, indices, data = m.indptr.copy(), m.indices.copy(), m.data.copy()
+    matrix_stats(m)
+    assert np.array_equal(m.indptr, indptr) and np.array_equal(m.indices, indices) and np.array_equal(m.data, data)

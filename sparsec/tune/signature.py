@@ -77,7 +77,7 @@ def _coarsen(indptr: np.ndarray, indices: np.ndarray, ncols: int, f: int
     per step (and csr_sum_duplicates keeps zero sums anyway)."""
     nrows = indptr.size - 1
     brows, bcols = -(-nrows // f), -(-ncols // f)
-    bptr = indptr[::f]
+    bptr = indptr[::f].copy()  # a view would let sum_duplicates rewrite the caller's indptr
     if bptr.size < brows + 1:
         bptr = np.append(bptr, indptr[-1])
     b = sp.csr_matrix((np.ones(indices.size, np.int8), indices // f, bptr), shape=(brows, bcols))
