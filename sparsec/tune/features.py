@@ -1,0 +1,363 @@
+"""Candidate features for the cost model: what one (format, knobs) choice means on one matrix.
+
+The model (``tune.model``) ranks candidates by predicted throughput. Raw knob values alone
+do not transfer between matrices, so a candidate is described by the numbers that explain
+its speed: the matrix's structure (``signature.matrix_stats``), what the format costs on this
+matrix (padding, rows split into pieces, how many rows and parts the kernel loops over),
+what the schedule launches (threads per row and per block, thread blocks) and the work.
+
+A candidate is the autotuner's plain dict::
+
+    {"op": "spmm" | "sddmm", "format": "hyb", "format_knobs": {"col_parts": 2, "buckets": "1/2/4/8"},
+     "schedule_knobs": {"vec": 2}, "feat": 64, "dtype": "float32"}
+
+The format-derived quantities need the matrix, so a ``MatrixContext`` computes them with
+numpy once per distinct format parameters and caches them (hyb's per-(row, column range)
+lengths once per ``col_parts``): scoring thousands of candidates on a matrix of millions of
+entries costs a few passes over its entries, not one conversion per candidate.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsec.formats import bsr, ell, hyb, registry
+from sparsec.formats.convert import Canonical
+from sparsec.schedules.cuda import AUTO_THREADS, MAX_THREADS as SPMM_MAX_THREADS, features_over_threads
+from sparsec.schedules.cuda_sddmm import MAX_THREADS as SDDMM_MAX_THREADS, WARP, default_lanes, default_vec
+from sparsec.schedules.cuda_sddmm import lane_groups
+
+from .signature import canonical_csr, matrix_signature, matrix_stats
+
+OPS = ("spmm", "sddmm")
+TEMPLATES = {"spmm": features_over_threads, "sddmm": lane_groups}  # the knobs each op's schedule takes
+FAMILIES = ("csr", "hyb", "ell", "bsr")  # formats with format-derived features; others: "other", NaN
+DTYPE_BYTES = {"float64": 8.0, "float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
+MAX_COARSEN = 32  # features_over_threads' cap on row groups per block for fixed-width rows
+
+_LOG_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_p50", "row_len_p90", "row_len_p99", "row_len_max")
+_PLAIN_STATS = ("density", "row_len_cv", "empty_row_frac", "col_span_mean",
+                "block_fill_4", "block_fill_16", "block_fill_32")
+
+FEATURE_NAMES: Tuple[str, ...] = (
+    # the matrix (log1p of counts and lengths; fractions as they are)
+    *(f"log_{k}" for k in _LOG_STATS), *_PLAIN_STATS,
+    # the operator
+    "is_sddmm", "log2_feat", "dtype_bytes",
+    # the format family and its parameters (NaN where they do not apply)
+    *(f"fmt_{f}" for f in FAMILIES), "fmt_other",
+    "hyb_log2_col_parts", "hyb_log2_max_bucket", "hyb_n_buckets",
+    "bsr_block_rows", "bsr_block_cols", "ell_log2_width",
+    # the schedule, defaults filled in and resolved as the template resolves them
+    "rows_per_block", "rows_per_block_auto", "vec", "log2_slots_per_block", "unroll", "interleave",
+    "sddmm_lanes", "sddmm_groups", "threads_per_row", "threads_per_block",
+    # the format on this matrix
+    "padding_ratio", "split_frac", "log_ell_rows", "n_parts", "log_thread_blocks",
+    # the work: entries x features, stored slots x features, rows x features (SpMM's output)
+    "log_work_nnz", "log_work_stored", "log_work_rows",
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a format stores one matrix, as far as the kernel's cost goes: ``stored`` value
+    slots (padding included), ``split_nnz`` entries in rows cut into pieces, and per part
+    (hyb's non-empty (range, bucket) pairs; one for the other formats) the rows its root
+    loop runs over and its fixed row width (0: data-dependent, as in CSR)."""
+
+    stored: int
+    split_nnz: int
+    loop_rows: Tuple[int, ...]
+    widths: Tuple[int, ...]
+
+
+class MatrixContext:
+    """One matrix, its statistics, and its format layouts computed on demand and cached."""
+
+    def __init__(self, matrix):
+        self.csr: sp.csr_matrix = canonical_csr(matrix)
+        # a copy: matrix_stats' block counting writes into the indptr it is given (scipy
+        # sum_duplicates through a strided view), which would corrupt self.csr and the caller's matrix
+        self.stats: Dict[str, float] = matrix_stats(self.csr.copy())
+        self._signature: Optional[str] = None
+        self._group_cache: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        self._auto_cache: Dict[Optional[int], Tuple[int, Tuple[int, ...]]] = {}
+        self._layout_cache: Dict[tuple, Layout] = {}
+
+    @property
+    def signature(self) -> str:
+        """``signature.matrix_signature`` of the matrix (computed once; tuning records name
+        their matrix by it)."""
+        if self._signature is None:
+            self._signature = matrix_signature(self.csr)
+        return self._signature
+
+    @property
+    def matrix(self) -> sp.csr_matrix:
+        """The matrix in canonical CSR (what the runner converts and measures)."""
+        return self.csr
+
+    @property
+    def rows(self) -> int:
+        return int(self.csr.shape[0])
+
+    @property
+    def nnz(self) -> int:
+        return int(self.csr.nnz)
+
+    def _canonical(self) -> Canonical:
+        c = self.csr
+        return Canonical(c.indptr, c.indices, c.data, (int(c.shape[0]), int(c.shape[1])))
+
+    def hyb_params(self, col_parts: Optional[int], buckets: Optional[Tuple[int, ...]]
+                   ) -> Tuple[int, Tuple[int, ...]]:
+        """(col_parts, buckets) with automatic ones (None) resolved as ``hyb.from_matrix``
+        resolves them on this matrix."""
+        if col_parts is not None and buckets is not None:
+            return col_parts, buckets
+        if col_parts not in self._auto_cache:
+            c = self._canonical()
+            self._auto_cache[col_parts] = (hyb.choose_params(c) if col_parts is None
+                                           else hyb.choose_params_for(c, col_parts))
+        auto_p, auto_b = self._auto_cache[col_parts]
+        return (auto_p if col_parts is None else col_parts), (auto_b if buckets is None else buckets)
+
+    def _groups(self, col_parts: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(column range, length) of every non-empty (row, range) group, by hyb's own grouping."""
+        if col_parts not in self._group_cache:
+            c = self.csr
+            _, ranges, _, lengths = hyb._groups(c.indptr, c.indices, int(c.shape[1]), col_parts)
+            self._group_cache[col_parts] = (ranges.astype(np.int64), lengths.astype(np.int64))
+        return self._group_cache[col_parts]
+
+    def layout(self, family: str, params: Mapping[str, Any]) -> Optional[Layout]:
+        """The layout of ``family`` with resolved ``params`` (as ``format_params`` returns
+        them); None for families without a layout model."""
+        if family == "csr":
+            return Layout(self.nnz, 0, (self.rows,), (0,))
+        if family == "hyb":
+            key = ("hyb", *self.hyb_params(params["col_parts"], params["buckets"]))
+        elif family == "ell":
+            key = ("ell", params["width"])
+        elif family == "bsr":
+            key = ("bsr", *params["block"])
+        else:
+            return None
+        if key not in self._layout_cache:
+            build = {"hyb": self._hyb_layout, "ell": self._ell_layout, "bsr": self._bsr_layout}[family]
+            self._layout_cache[key] = build(*key[1:])
+        return self._layout_cache[key]
+
+    def _hyb_layout(self, col_parts: int, buckets: Tuple[int, ...]) -> Layout:
+        """As ``hyb._split`` stores it: a group of k entries goes to the narrowest bucket
+        w >= k; a longer one to ceil(k / w_max) ELL rows of the widest bucket."""
+        ranges, lengths = self._groups(col_parts)
+        widths = np.asarray(buckets, dtype=np.int64)
+        n_b = widths.size
+        bucket = np.minimum(np.searchsorted(widths, lengths, side="left"), n_b - 1)
+        w = widths[bucket]
+        pieces = -(-lengths // w)
+        combo = ranges * n_b + bucket
+        ell_rows = np.bincount(combo, weights=pieces, minlength=col_parts * n_b).astype(np.int64)
+        used = np.flatnonzero(ell_rows)
+        if not used.size:  # no entries: hyb keeps one empty part of the narrowest bucket
+            return Layout(0, 0, (0,), (int(widths[0]),))
+        return Layout(stored=int(np.dot(pieces, w)), split_nnz=int(lengths[lengths > widths[-1]].sum()),
+                      loop_rows=tuple(int(r) for r in ell_rows[used]),
+                      widths=tuple(int(widths[c % n_b]) for c in used))
+
+    def _ell_layout(self, width: Optional[int]) -> Layout:
+        if width is None:
+            width = max(int(self.stats["row_len_max"]), 1)
+        return Layout(self.rows * width, 0, (self.rows,), (width,))
+
+    def _bsr_layout(self, r: int, c: int) -> Layout:
+        """Stored r x c blocks (those holding an entry; edge blocks count whole, as BSR
+        stores them), counted by coarsening the pattern as ``signature`` counts square ones."""
+        m = self.csr
+        block_rows, block_cols = -(-m.shape[0] // r), -(-m.shape[1] // c)
+        bptr = m.indptr[::r].copy()  # sum_duplicates below writes into it
+        if bptr.size < block_rows + 1:
+            bptr = np.append(bptr, m.indptr[-1])
+        # int8 ones may wrap when summed; only the number of distinct blocks is used
+        b = sp.csr_matrix((np.ones(m.nnz, np.int8), m.indices // c, bptr), shape=(block_rows, block_cols))
+        b.sum_duplicates()
+        return Layout(int(b.nnz) * r * c, 0, (block_rows,), (0,))
+
+
+# ------------------------------------------------------------------ knobs
+
+
+def format_params(fmt: str, knobs: Optional[Mapping[str, Any]]) -> Tuple[str, Dict[str, Any]]:
+    """(family, parameters) of a format spec with ``knobs`` overriding the spec's
+    parameters, as the runner passes them to ``formats.convert``; automatic ones stay None.
+    A knob the family does not take is a ValueError naming it."""
+    module, params = registry.parse_spec(fmt)
+    knobs = dict(knobs or {})
+    unknown = sorted(set(knobs) - set(params))
+    if unknown:
+        raise ValueError(f"format {fmt!r}: unknown format knob {unknown[0]!r}; "
+                         f"known: {sorted(params) or 'none'}")
+    params.update(knobs)
+    family = module.NAME
+    if family == "hyb":
+        cp, bk = params["col_parts"], params["buckets"]
+        params = {"col_parts": hyb._col_parts(cp), "buckets": hyb._buckets(bk)}
+    elif family == "ell":
+        params = {"width": ell._width(params["width"])}
+    elif family == "bsr":
+        if params["block"] is None:
+            raise ValueError(f"format {fmt!r}: bsr needs a block shape, e.g. 'bsr:4x4'")
+        params = {"block": bsr._block(params["block"])}
+    return (family if family in FAMILIES else "other"), params
+
+
+def schedule_knobs(op: str, knobs: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """``knobs`` with the op's template defaults filled in. A knob the template does not
+    declare is a ValueError naming it, and so is a value of the wrong kind; an integer
+    outside the declared choices is featurized as it is (the build rejects it, and the
+    tuner records that rather than stopping)."""
+    if op not in TEMPLATES:
+        raise ValueError(f"op should be one of {list(OPS)}, got {op!r}")
+    template = TEMPLATES[op]
+    knobs = dict(knobs or {})
+    for key, value in knobs.items():
+        if key not in template.knobs:
+            raise ValueError(f"{op}: unknown schedule knob {key!r} for template {template.name}; "
+                             f"known: {sorted(template.knobs)}")
+        choices = template.knobs[key]
+        if value == "auto" and "auto" in choices:
+            continue
+        lowest = min(c for c in choices if not isinstance(c, str))
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
+            raise ValueError(f"{op}: schedule knob {key!r} should be an integer >= {lowest}"
+                             f"{' or auto' if 'auto' in choices else ''} (choices {choices}), got {value!r}")
+    return {**template.defaults(), **{k: (v if v == "auto" else int(v)) for k, v in knobs.items()}}
+
+
+def resolve_spmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
+    """What ``features_over_threads`` makes of filled-in knobs at width ``feat``: the vector
+    width that divides feat, ``tx`` threads per row (at most 256, features beyond run
+    serially) and the rows per block ("auto": about 128 threads a block)."""
+    vec = knobs["vec"] if feat % knobs["vec"] == 0 else 1
+    tx = feat // vec
+    while tx > 256 and tx % 2 == 0:
+        tx //= 2
+    rows_per_block = knobs["rows_per_block"]
+    if rows_per_block == "auto":
+        rows_per_block = max(1, min(16, AUTO_THREADS // tx))
+    rows_per_block = max(1, min(rows_per_block, SPMM_MAX_THREADS // tx))
+    return {"vec": vec, "threads_per_row": tx, "rows_per_block": rows_per_block}
+
+
+def resolve_sddmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
+    """What ``lane_groups`` makes of filled-in knobs (0: chosen from feat)."""
+    vec = knobs["vec"] or default_vec(feat)
+    if feat % vec:
+        vec = 1
+    lanes = knobs["lanes"] or default_lanes(feat, vec)
+    groups = knobs["groups"] or max(1, WARP // lanes)
+    rows_per_block = max(1, min(knobs["rows_per_block"], SDDMM_MAX_THREADS // (lanes * groups)))
+    return {"vec": vec, "lanes": lanes, "groups": groups, "threads_per_row": lanes * groups,
+            "rows_per_block": rows_per_block}
+
+
+# ------------------------------------------------------------------ features
+
+
+def _log1p(x) -> float:
+    return math.log1p(x) if x is not None else math.nan
+
+
+def _thread_blocks(op: str, layout: Layout, rows_per_block: int, slots_per_block: Optional[int]) -> int:
+    """Thread blocks launched over all parts: SpMM groups a part's fixed-width rows into
+    ``slots_per_block / (rows_per_block * width)`` row groups per block (at most 32)."""
+    total = 0
+    for rows, width in zip(layout.loop_rows, layout.widths):
+        coarsen = 1
+        if op == "spmm" and width:
+            coarsen = max(1, min(MAX_COARSEN, slots_per_block // (rows_per_block * width)))
+        total += -(-rows // (rows_per_block * coarsen))
+    return total
+
+
+def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str, float]:
+    """The features of one candidate on ``ctx``'s matrix, keyed by ``FEATURE_NAMES``."""
+    if not isinstance(cand, Mapping):
+        raise ValueError(f"a candidate should be a dict, got {type(cand).__name__}")
+    op, feat, dtype = cand.get("op"), cand.get("feat"), cand.get("dtype") or "float32"
+    if op not in OPS:
+        raise ValueError(f"candidate op should be one of {list(OPS)}, got {op!r}")
+    if isinstance(feat, bool) or not isinstance(feat, (int, np.integer)) or feat < 1:
+        raise ValueError(f"candidate feat should be a positive int, got {feat!r}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"candidate dtype should be one of {list(DTYPE_BYTES)}, got {dtype!r}")
+    feat = int(feat)
+    family, params = format_params(cand.get("format"), cand.get("format_knobs"))
+    knobs = schedule_knobs(op, cand.get("schedule_knobs"))
+    s = ctx.stats
+    f: Dict[str, float] = dict.fromkeys(FEATURE_NAMES, math.nan)
+    for k in _LOG_STATS:
+        f[f"log_{k}"] = math.log1p(s[k])
+    for k in _PLAIN_STATS:
+        f[k] = float(s[k])
+    f["is_sddmm"] = float(op == "sddmm")
+    f["log2_feat"] = math.log2(feat)
+    f["dtype_bytes"] = DTYPE_BYTES[dtype]
+    for name in (*FAMILIES, "other"):
+        f[f"fmt_{name}"] = float(family == name)
+
+    if family == "hyb":
+        col_parts, buckets = ctx.hyb_params(params["col_parts"], params["buckets"])
+        params = {"col_parts": col_parts, "buckets": buckets}
+        f["hyb_log2_col_parts"] = math.log2(col_parts)
+        f["hyb_log2_max_bucket"] = math.log2(buckets[-1])
+        f["hyb_n_buckets"] = float(len(buckets))
+    elif family == "bsr":
+        f["bsr_block_rows"], f["bsr_block_cols"] = (float(v) for v in params["block"])
+    elif family == "ell":
+        width = params["width"] if params["width"] is not None else max(int(s["row_len_max"]), 1)
+        f["ell_log2_width"] = math.log2(width)
+
+    if op == "spmm":
+        r = resolve_spmm(feat, knobs)
+        f["rows_per_block_auto"] = float(knobs["rows_per_block"] == "auto")
+        f["log2_slots_per_block"] = math.log2(knobs["slots_per_block"])
+        f["unroll"] = float(knobs["unroll"])
+        f["interleave"] = float(knobs["interleave"])
+    else:
+        r = resolve_sddmm(feat, knobs)
+        f["rows_per_block_auto"] = 0.0
+        f["sddmm_lanes"] = float(r["lanes"])
+        f["sddmm_groups"] = float(r["groups"])
+    f["rows_per_block"] = float(r["rows_per_block"])
+    f["vec"] = float(r["vec"])
+    f["threads_per_row"] = float(r["threads_per_row"])
+    f["threads_per_block"] = float(r["threads_per_row"] * r["rows_per_block"])
+
+    nnz = ctx.nnz
+    layout = ctx.layout(family, params)
+    if layout is not None:
+        f["padding_ratio"] = layout.stored / nnz if nnz else 1.0
+        f["split_frac"] = layout.split_nnz / nnz if nnz else 0.0
+        f["log_ell_rows"] = math.log1p(sum(layout.loop_rows))
+        f["n_parts"] = float(len(layout.loop_rows))
+        f["log_thread_blocks"] = math.log1p(_thread_blocks(op, layout, r["rows_per_block"],
+                                                           knobs.get("slots_per_block")))
+        f["log_work_stored"] = math.log1p(layout.stored * feat)
+    f["log_work_nnz"] = math.log1p(nnz * feat)
+    f["log_work_rows"] = math.log1p(ctx.rows * feat)
+    return f
+
+
+def feature_matrix(cands: Sequence[Mapping[str, Any]], ctx: MatrixContext) -> np.ndarray:
+    """float32 array of shape (len(cands), len(FEATURE_NAMES)), columns in that order."""
+    out = np.empty((len(cands), len(FEATURE_NAMES)), dtype=np.float32)
+    for i, cand in enumerate(cands):
+        f = candidate_features(cand, ctx)
+        out[i] = [f[name] for name in FEATURE_NAMES]
+    return out
