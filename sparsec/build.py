@@ -30,13 +30,23 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     """Compile ``op`` (a library name or a DSL Operator) for ``fmt`` (a spec such as
     ``"bsr:4x4"``, a Format, or a converted matrix whose format and dtype are used).
     Compile-time extents such as ``feat=64`` go in ``params``. Without ``fmt`` the format is
-    the one the operator's declared axis kinds describe (``Operator.default_format``)."""
+    the one the operator's declared axis kinds describe (``Operator.default_format``).
+    ``knobs="tuned"`` (with a converted matrix) takes the schedule knobs of the best tuning
+    record for this matrix, format, width and target (``sparsec.tune.apply``), else the
+    template defaults."""
     t0 = time.perf_counter()
     operator = library.get(op) if isinstance(op, str) else op
     if not isinstance(operator, Operator):
         raise TypeError(f"op should be an operator name or a sparsec.dsl.Operator, got {type(op).__name__}")
     if fmt is None:
         fmt = operator.default_format()
+    if isinstance(knobs, str):
+        if knobs != "tuned" or not isinstance(fmt, (FormatInstance, CompositeInstance)):
+            raise ValueError(f"knobs should be a dict, or 'tuned' with a converted matrix, got {knobs!r}")
+        from .tune.apply import tuned_schedule_knobs
+
+        knobs = tuned_schedule_knobs(operator.name, fmt, params.get("feat"), target,
+                                     dtype_spec(dtype or fmt.value_dtype).name) or None
     if isinstance(fmt, (FormatInstance, CompositeInstance)):
         dtype = dtype or fmt.value_dtype
         fmt = fmt.format

@@ -333,6 +333,9 @@ def make_parser():
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_formats)
     _bench_parser(sub, common)
+    from .tune.cli import add_parser as add_tune_parser
+
+    add_tune_parser(sub, common, _positive_int, _count)
     return parser
 
 

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""GPU-side evaluation of the tuner (issue 5). Three jobs, each writing one JSON file:
+
+    python benchmarks/tune_eval.py exhaustive --matrix cond-mat email-Enron ... --feat 64 --out ex.json
+        every candidate of the small (enumerable) space of each matrix, measured: the
+        ground truth that benchmarks/tune_replay.py replays the search against.
+    python benchmarks/tune_eval.py zero-shot --log tuning_logs/spmm_cuda_sm_90a.jsonl --out zs.json
+        the model trained on half of the real graphs' records picks one candidate (its top
+        prediction over the full space) for each case of the other half; the pick is
+        measured and compared with that case's tuned best from the log.
+    python benchmarks/tune_eval.py confirm --log ... --out confirm.json
+        each logged case's default and best timed again by sparsec.bench beside cuSPARSE.
+
+Matrices come from the graphs suite cache (benchmarks/data/cache). Prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def graphs(max_rmat="4M"):
+    from sparsec.bench.cases import DEFAULT_CACHE, graph_matrices, parse_count
+
+    return dict(graph_matrices(DEFAULT_CACHE, max_rmat=parse_count(max_rmat)))
+
+
+def exhaustive(args):
+    from sparsec.tune.features import MatrixContext, feature_matrix
+    from sparsec.tune.runner import Runner
+    from sparsec.tune.space import Space, candidate_id
+
+    mats = graphs()
+    out = {"target": args.target, "feat": args.feat, "cases": []}
+    with Runner(args.target, timeout_s=30.0) as runner:
+        for name in args.matrix:
+            t0 = time.perf_counter()
+            ctx = MatrixContext(mats[name])
+            space = Space("spmm", ctx.matrix, args.feat, size="small", stats=ctx.stats)
+            res = runner.measure(space.candidates, ctx.matrix)
+            X = feature_matrix(space.candidates, ctx)
+            ok = [r["time_ms"] for r in res if r["status"] == "ok"]
+            out["cases"].append({
+                "matrix": name, "feat": args.feat, "nnz": int(ctx.nnz), "signature": ctx.signature,
+                "default": candidate_id(space.default), "candidates": space.candidates,
+                "results": res, "features": [[None if not np.isfinite(v) else float(v) for v in row] for row in X]})
+            print(f"{name}: {len(space)} candidates, {len(ok)} ok, best {min(ok):.4g} ms, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    Path(args.out).write_text(json.dumps(out))
+    print("| matrix | F | candidates | ok | default ms | best ms | best/default |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for c in out["cases"]:
+        times = {candidate_id(k): r["time_ms"] for k, r in zip(c["candidates"], c["results"]) if r["status"] == "ok"}
+        d, b = times.get(c["default"]), min(times.values())
+        print(f"| {c['matrix']} | {c['feat']} | {len(c['candidates'])} | {len(times)} | {d:.4g} | {b:.4g} | "
+              f"{d / b:.2f}x |")
+
+
+def _split_real(names):
+    """Every other real graph (sorted by name) trains; the rest are unseen. R-MAT stays out."""
+    real = sorted(n for n in names if not n.startswith("rmat"))
+    return set(real[0::2]), set(real[1::2])
+
+
+def zero_shot(args):
+    from sparsec.tune import records as R
+    from sparsec.tune.features import MatrixContext
+    from sparsec.tune.model import CostModel
+    from sparsec.tune.runner import Runner
+    from sparsec.tune.space import Space, candidate_id, describe
+    from sparsec.tune.tuner import training_rows
+
+    recs = [r for r in R.load(args.log) if r.op == "spmm"]
+    train, test = _split_real({r.matrix for r in recs})
+    X, y = training_rows([r for r in recs if r.matrix in train])
+    model = CostModel()
+    model.fit_arrays(X, y)
+    mats = graphs()
+    rows = []
+    with Runner(args.target, timeout_s=30.0) as runner:
+        for name in sorted(test):
+            ctx = MatrixContext(mats[name])
+            for feat in sorted({r.feat for r in recs if r.matrix == name}):
+                mine = [r for r in recs if r.matrix == name and r.feat == feat and r.status == "ok"]
+                if not mine:
+                    continue
+                tuned = min(r.time_ms for r in mine)
+                default = next((r.time_ms for r in mine if r.extra.get("default")), None)
+                space = Space("spmm", ctx.matrix, feat, stats=ctx.stats)
+                pick = space.candidates[int(np.argmax(model.predict(space.candidates, ctx)))]
+                res = runner.measure([pick], ctx.matrix)[0]
+                rows.append({"matrix": name, "feat": feat, "pick": describe(pick), "pick_id": candidate_id(pick),
+                             "pick_ms": res["time_ms"], "status": res["status"], "tuned_ms": tuned,
+                             "default_ms": default, "fraction": tuned / res["time_ms"] if res["time_ms"] else 0.0})
+                print(f"{name} F={feat}: pick {rows[-1]['pick']} {res['time_ms']} ms, tuned {tuned:.4g} ms",
+                      flush=True)
+    Path(args.out).write_text(json.dumps({"train": sorted(train), "test": sorted(test), "train_rows": int(len(y)),
+                                          "cases": rows}, indent=1))
+    fr = [r["fraction"] for r in rows]
+    print("| matrix | F | zero-shot pick | pick ms | tuned best ms | pick reaches |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['matrix']} | {r['feat']} | {r['pick']} | {r['pick_ms'] or float('nan'):.4g} | "
+              f"{r['tuned_ms']:.4g} | {100 * r['fraction']:.0f} % |")
+    print(f"trained on {sorted(train)} ({len(y)} records); unseen {sorted(test)}: mean {100 * np.mean(fr):.1f} %, "
+          f"geomean {100 * math.exp(np.mean(np.log(np.maximum(fr, 1e-9)))):.1f} %, min {100 * min(fr):.1f} %")
+
+
+def confirm(args):
+    from sparsec.tune import records as R
+    from sparsec.tune.cli import attach_peer_times, format_table, geomean
+    from sparsec.tune.space import describe
+    from sparsec.tune.tuner import Case
+
+    recs = [r for r in R.load(args.log) if r.op == "spmm" and r.status == "ok"]
+    mats = graphs()
+    cases, rows = [], []
+    for (name, feat) in sorted({(r.matrix, r.feat) for r in recs}):
+        mine = [r for r in recs if (r.matrix, r.feat) == (name, feat)]
+        best = min(mine, key=lambda r: r.time_ms)
+        dflt = next((r for r in mine if r.extra.get("default")), None)
+        cand = lambda r: {"op": r.op, "format": r.format, "format_knobs": r.format_knobs,  # noqa: E731
+                          "schedule_knobs": r.schedule_knobs, "feat": r.feat, "dtype": r.dtype}
+        fams = {}
+        for r in mine:
+            f = r.format.split(":")[0]
+            if f not in fams or r.time_ms < fams[f]["time_ms"]:
+                fams[f] = {"time_ms": r.time_ms}
+        cases.append(Case(name, mats[name], feat))
+        rows.append({"matrix": name, "feat": feat, "trials": len(mine), "default_ms": dflt.time_ms if dflt else None,
+                     "best_ms": best.time_ms, "speedup": dflt.time_ms / best.time_ms if dflt else None,
+                     "best": describe(cand(best)), "best_candidate": cand(best),
+                     "default_candidate": cand(dflt) if dflt else None, "families": fams, "failed": {}})
+    attach_peer_times("spmm", cases, None, rows, args.target)
+    Path(args.out).write_text(json.dumps({"cases": rows}, indent=1))
+    print(format_table(rows))
+    tuner = geomean([r["speedup"] for r in rows])
+    bench = geomean([r.get("bench_speedup") for r in rows])
+    cus = geomean([r.get("vs_cusparse") for r in rows])
+    print(f"{len(rows)} cases. tuned vs default, tuner's measurements: {tuner:.2f}x; timed again by "
+          f"sparsec.bench: {bench or float('nan'):.2f}x; tuned vs cuSPARSE: {cus or float('nan'):.2f}x")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="job", required=True)
+    p = sub.add_parser("exhaustive")
+    p.add_argument("--matrix", nargs="+", required=True)
+    p.add_argument("--feat", type=int, default=64)
+    p.add_argument("--target", default="cuda:sm_90a")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=exhaustive)
+    for job, fn in (("zero-shot", zero_shot), ("confirm", confirm)):
+        p = sub.add_parser(job)
+        p.add_argument("--log", required=True)
+        p.add_argument("--target", default="cuda:sm_90a")
+        p.add_argument("--out", required=True)
+        p.set_defaults(func=fn)
+    args = ap.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Tuning runs: search one (op, matrix, width) or a whole suite, log every measurement, keep the model.
+
+``tune_case`` runs one model-guided search (``sparsec.tune.search``) with a long-lived
+``Runner``, appends one record per measurement to the JSON-lines log (atomically, so a
+killed run leaves a log that loads and ``resume=True`` continues it), and trains the model
+on the log's other matrices first (transfer). ``tune_cases`` runs several cases with one
+Runner and one growing model; after a run the model, fitted on every measurement in the
+log, is saved next to the log (``<log>.model.json``) so ``sparsec.compile`` can rank a
+matrix it has never seen.
+
+Each record stores the candidate's feature vector (``extra["features"]``): training on a
+log then needs no access to the matrices that were measured.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import records as R
+from .features import FEATURE_NAMES, MatrixContext, feature_matrix
+from .model import CostModel
+from .runner import Runner
+from .search import Search, SearchResult, Trial
+from .space import Space, candidate_id
+
+FEATURES_KEY = "features"
+MAX_PRIOR = 40000  # training rows taken from other matrices (newest first)
+
+
+@dataclass
+class Case:
+    """One tuning problem: a matrix (named) at one feature width."""
+
+    name: str
+    matrix: Any
+    feat: int
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    signature: str
+    space_size: int
+    search: SearchResult
+    seconds: float
+
+    @property
+    def speedup(self) -> Optional[float]:
+        d, b = self.search.default, self.search.best
+        if d is None or not d.ok or b is None:
+            return None
+        return d.time_ms / b.time_ms
+
+
+def model_path(log: str) -> str:
+    """Where the model trained on ``log`` is kept: beside it, ``<log stem>.model.json``."""
+    p = Path(log)
+    return str(p.with_name(p.stem + ".model.json"))
+
+
+def device_name(target: str) -> str:
+    if not target.startswith("cuda"):
+        return "cpu"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return "cuda"
+
+
+def training_rows(records: Sequence[R.Record], exclude_signature: Optional[str] = None
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """(X, y) from logged records that carry features: y is log throughput, as the model
+    predicts it. Records of ``exclude_signature`` are left out; the newest
+    :data:`MAX_PRIOR` rows are kept."""
+    rows, ys = [], []
+    for r in reversed(records):
+        if r.status != "ok" or not r.time_ms or r.signature == exclude_signature:
+            continue
+        x = r.extra.get(FEATURES_KEY)
+        if not isinstance(x, list) or len(x) != len(FEATURE_NAMES):
+            continue
+        rows.append([np.nan if v is None else v for v in x])
+        ys.append(float(np.log(2.0 * r.stats.get("nnz", 0) * r.feat / r.time_ms)) if r.stats.get("nnz") else np.nan)
+        if len(rows) >= MAX_PRIOR:
+            break
+    X = np.array(rows, np.float32).reshape(len(rows), len(FEATURE_NAMES))
+    y = np.array(ys, np.float64)
+    keep = np.isfinite(y)
+    return X[keep], y[keep]
+
+
+def _record(trial: Trial, case: Case, ctx: MatrixContext, features: List[float], target: str,
+            device: str, default_id: str) -> R.Record:
+    c, res = trial.candidate, trial.result
+    extra = {FEATURES_KEY: features, "source": trial.source, "round": trial.round,
+             "default": candidate_id(c) == default_id}
+    for k in ("method", "max_rel_err", "compile_s", "load_s"):
+        if res.get(k) is not None:
+            extra[k] = res[k]
+    if trial.predicted is not None:
+        extra["predicted"] = float(trial.predicted)
+    return R.Record(op=c["op"], format=c["format"], format_knobs=c["format_knobs"], schedule_knobs=c["schedule_knobs"],
+                    feat=c["feat"], dtype=c["dtype"], matrix=case.name, signature=ctx.signature,
+                    stats=dict(ctx.stats), target=target, device=device, time_ms=res.get("time_ms"),
+                    status=res["status"], error=res.get("error"), trial=trial.index, extra=extra)
+
+
+def _resumed(records: Sequence[R.Record], op: str, signature: str, target: str, feat: int, dtype: str):
+    out = []
+    for r in records:
+        if (r.op, r.signature, r.target, r.feat, r.dtype) == (op, signature, target, feat, dtype):
+            cand = {"op": r.op, "format": r.format, "format_knobs": r.format_knobs,
+                    "schedule_knobs": r.schedule_knobs, "feat": r.feat, "dtype": r.dtype}
+            out.append((cand, {"status": r.status, "time_ms": r.time_ms, "error": r.error}))
+    return out
+
+
+def tune_cases(op: str, cases: Sequence[Case], *, target: str = "llvm", trials: int = 64, log: Optional[str] = None,
+               resume: bool = False, families: Optional[Sequence[str]] = None, size: str = "full",
+               dtype: str = "float32", batch: int = 8, epsilon: float = 0.2, patience: Optional[int] = None,
+               seed: int = 0, runner: Optional[Runner] = None, runner_options: Optional[Dict[str, Any]] = None,
+               transfer: bool = True, save_model: bool = True, inject: Optional[Dict[int, str]] = None,
+               on_trial: Optional[Callable[[Case, Trial], None]] = None,
+               on_case: Optional[Callable[[Case, int], None]] = None) -> List[CaseResult]:
+    """Tune every case in turn; returns one CaseResult per case. ``log`` defaults to
+    ``tuning_logs/<op>_<target>.jsonl``. Without ``resume`` a case's earlier records in the
+    log are not reused (they still train the model for other matrices)."""
+    log = log or R.default_log_path(op, target)
+    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+    device = device_name(target)
+    own_runner = runner is None
+    runner = runner or Runner(target, **(runner_options or {}))
+    results = []
+    try:
+        for case in cases:
+            results.append(_tune_one(op, case, target, trials, log, resume, families, size, dtype, batch, epsilon,
+                                     patience, seed, runner, transfer, device, inject or {}, on_trial, on_case))
+    finally:
+        if own_runner:
+            runner.close()
+    if save_model:
+        save_log_model(log)
+    return results
+
+
+def tune_case(op: str, name: str, matrix, feat: int, **kw) -> CaseResult:
+    """One case; keywords as :func:`tune_cases`."""
+    return tune_cases(op, [Case(name, matrix, feat)], **kw)[0]
+
+
+def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batch, epsilon, patience, seed,
+              runner, transfer, device, inject, on_trial, on_case) -> CaseResult:
+    t0 = time.perf_counter()
+    ctx = MatrixContext(case.matrix)
+    space = Space(op, ctx.matrix, case.feat, dtype, families=families, size=size, stats=ctx.stats)
+    if on_case:
+        on_case(case, len(space))
+    logged = R.load(log) if os.path.exists(log) else []
+    resumed = _resumed(logged, op, ctx.signature, target, case.feat, dtype) if resume else []
+    prior = training_rows([r for r in logged if r.op == op], exclude_signature=ctx.signature) if transfer else None
+    X = feature_matrix(space.candidates, ctx)
+    row = {candidate_id(c): i for i, c in enumerate(space.candidates)}
+    default_id = candidate_id(space.default)
+
+    measured = [len(resumed)]
+
+    def measure(cands):
+        marked = []
+        for c in cands:
+            fault = inject.get(measured[0])
+            marked.append({**c, "inject": fault} if fault else c)
+            measured[0] += 1
+        return runner.measure(marked, ctx.matrix, seed=seed)
+
+    def logged_trial(trial: Trial):
+        x = X[row[candidate_id(trial.candidate)]]
+        features = [None if not np.isfinite(v) else float(v) for v in x]
+        R.append(log, _record(trial, case, ctx, features, target, device, default_id))
+        if on_trial:
+            on_trial(case, trial)
+
+    search = Search(space, ctx, measure, trials=trials, batch=batch, epsilon=epsilon, patience=patience, seed=seed,
+                    prior=prior, on_trial=logged_trial)
+    result = search.run(resumed)
+    return CaseResult(case, ctx.signature, len(space), result, time.perf_counter() - t0)
+
+
+def save_log_model(log: str) -> Optional[str]:
+    """Fit the model on every logged measurement with features and save it beside the log."""
+    if not os.path.exists(log):
+        return None
+    X, y = training_rows(R.load(log))
+    model = CostModel()
+    model.fit_arrays(X, y)
+    if not model.trained:
+        return None
+    path = model_path(log)
+    model.save(path)
+    return path
