@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def graphs(max_rmat="4M"):
-    from sparsec.bench.cases import DEFAULT_CACHE, graph_matrices, parse_count
+    from sparsec.bench.cases import graph_matrices, load_suites_module, parse_count
 
-    return dict(graph_matrices(DEFAULT_CACHE, max_rmat=parse_count(max_rmat)))
+    return dict(graph_matrices(load_suites_module().DEFAULT_CACHE, max_rmat=parse_count(max_rmat)))
 
 
 def exhaustive(args):

@@ -73,10 +73,10 @@ def _cases(args):
     from .tuner import Case
 
     if args.suite:
-        from ..bench.cases import DEFAULT_CACHE, graph_matrices, load_suites_module
+        from ..bench.cases import graph_matrices, load_suites_module
 
         feats = args.feat or list(load_suites_module().GRAPH_FEATS)
-        mats = graph_matrices(DEFAULT_CACHE, max_rmat=args.max_rmat)
+        mats = graph_matrices(load_suites_module().DEFAULT_CACHE, max_rmat=args.max_rmat)
         return [Case(name, m, f) for name, m in mats for f in feats]
     import os
 

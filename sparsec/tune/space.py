@@ -44,8 +44,7 @@ SPMM_DYNAMIC = {"rows_per_block": ("auto", 1, 2, 4, 8, 16), "vec": (4, 2, 1), "u
 SPMM_FIXED = {"rows_per_block": ("auto", 1, 2, 4), "vec": (4, 2, 1), "slots_per_block": (64, 128, 256, 512, 1024),
               "interleave": (1, 0)}
 SPMM_DYNAMIC_SMALL = {"rows_per_block": ("auto", 1, 2, 4, 8), "vec": (4,), "unroll": (1, 2, 4)}
-SPMM_FIXED_SMALL = {"rows_per_block": ("auto", 1, 2), "vec": (4,), "slots_per_block": (64, 256, 1024),
-                    "interleave": (1, 0)}
+SPMM_FIXED_SMALL = {"rows_per_block": ("auto", 1), "vec": (4,), "slots_per_block": (64, 512), "interleave": (1, 0)}
 # SDDMM template (schedules.cuda_sddmm.lane_groups); 0 = the template's automatic choice
 SDDMM_DEFAULTS = {"lanes": 0, "vec": 0, "groups": 0, "rows_per_block": 4}
 SDDMM_KNOBS = {"lanes": (0, 4, 8, 16, 32), "vec": (0, 4), "groups": (0, 1, 2, 4), "rows_per_block": (4, 1, 2, 8)}
