@@ -41,7 +41,7 @@ def exhaustive(args):
 
     mats = graphs()
     out = {"target": args.target, "feat": args.feat, "cases": []}
-    with Runner(args.target, timeout_s=30.0) as runner:
+    with Runner(args.target, timeout_s=30.0, build_timeout_s=args.build_timeout) as runner:
         for name in args.matrix:
             t0 = time.perf_counter()
             ctx = MatrixContext(mats[name])
@@ -86,7 +86,7 @@ def zero_shot(args):
     model.fit_arrays(X, y)
     mats = graphs()
     rows = []
-    with Runner(args.target, timeout_s=30.0) as runner:
+    with Runner(args.target, timeout_s=30.0, build_timeout_s=args.build_timeout) as runner:
         for name in sorted(test):
             ctx = MatrixContext(mats[name])
             for feat in sorted({r.feat for r in recs if r.matrix == name}):
@@ -158,12 +158,14 @@ def main():
     p.add_argument("--feat", type=int, default=64)
     p.add_argument("--target", default="cuda:sm_90a")
     p.add_argument("--out", required=True)
+    p.add_argument("--build-timeout", type=float, default=30.0)
     p.set_defaults(func=exhaustive)
     for job, fn in (("zero-shot", zero_shot), ("confirm", confirm)):
         p = sub.add_parser(job)
         p.add_argument("--log", required=True)
         p.add_argument("--target", default="cuda:sm_90a")
         p.add_argument("--out", required=True)
+        p.add_argument("--build-timeout", type=float, default=30.0)
         p.set_defaults(func=fn)
     args = ap.parse_args()
     args.func(args)

@@ -39,6 +39,8 @@ def add_parser(sub, common, positive_int, count):
     p.add_argument("--no-transfer", action="store_true", help="do not train on the log's other matrices")
     p.add_argument("--workers", type=positive_int, metavar="N", help="build processes (default: CPU count)")
     p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per-candidate measuring limit (s)")
+    p.add_argument("--build-timeout", type=float, default=120.0, metavar="S",
+                   help="per-candidate build limit (s); a slower build is recorded as a timeout")
     p.add_argument("--devices", type=int, nargs="+", metavar="GPU", help="GPUs to measure on (default 0)")
     p.add_argument("--max-rmat", type=count, metavar="NNZ", help="--suite: leave out larger R-MAT graphs (4M)")
     p.add_argument("--peer", action="store_true", help="GPU: time default and best again beside cuSPARSE")
@@ -140,7 +142,8 @@ def cmd_tune(args) -> int:
             args.op, cases, target=args.target, trials=args.trials, log=args.log, resume=args.resume,
             families=args.formats, size=args.size, batch=args.batch, epsilon=args.epsilon, patience=args.patience,
             seed=args.seed, transfer=not args.no_transfer, inject=args.inject_faults,
-            runner_options={"workers": args.workers, "timeout_s": args.timeout, "devices": args.devices},
+            runner_options={"workers": args.workers, "timeout_s": args.timeout, "devices": args.devices,
+                            "build_timeout_s": args.build_timeout},
             on_trial=progress.trial, on_case=progress.case)
     finally:
         progress.close()
