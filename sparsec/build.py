@@ -43,7 +43,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     if isinstance(knobs, str):
         if knobs != "tuned" or not isinstance(fmt, (FormatInstance, CompositeInstance)):
             raise ValueError(f"knobs should be a dict, or 'tuned' with a converted matrix, got {knobs!r}")
-        from .tune.apply import tuned_schedule_knobs
+        from .tune.lookup import tuned_schedule_knobs
 
         knobs = tuned_schedule_knobs(operator.name, fmt, params.get("feat"), target,
                                      dtype_spec(dtype or fmt.value_dtype).name) or None

@@ -18,10 +18,10 @@ import sparsec
 from sparsec import workload
 from sparsec.cli import main
 from sparsec.tune import records as R
-from sparsec.tune.apply import compile_tuned, tuned_config, tuned_schedule_knobs
+from sparsec.tune.apply import compile_tuned, tuned_config
+from sparsec.tune.lookup import model_path, tuned_schedule_knobs
 from sparsec.tune.signature import matrix_signature
 from sparsec.tune.space import candidate_id
-from sparsec.tune.tuner import model_path
 
 pytest.importorskip("xgboost")
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import records as R
 from .features import FEATURE_NAMES, MatrixContext, feature_matrix
+from .lookup import model_path
 from .model import CostModel
 from .runner import Runner
 from .search import Search, SearchResult, Trial
@@ -55,12 +55,6 @@ class CaseResult:
         if d is None or not d.ok or b is None:
             return None
         return d.time_ms / b.time_ms
-
-
-def model_path(log: str) -> str:
-    """Where the model trained on ``log`` is kept: beside it, ``<log stem>.model.json``."""
-    p = Path(log)
-    return str(p.with_name(p.stem + ".model.json"))
 
 
 def device_name(target: str) -> str:
