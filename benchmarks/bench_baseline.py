@@ -24,12 +24,6 @@ import scipy.sparse as sp
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if "TVM_CUDA_COMPILE_MODE" not in os.environ:
-    try:
-        import cuda.bindings  # noqa: F401  (TVM's default NVRTC path needs it)
-    except ImportError:
-        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-
 import sparsec  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 

@@ -25,12 +25,6 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-if "TVM_CUDA_COMPILE_MODE" not in os.environ:
-    try:
-        import cuda.bindings  # noqa: F401  (TVM's default NVRTC path needs it)
-    except ImportError:
-        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-
 import sparsec  # noqa: E402
 from sparsec.formats import convert, nm, srbcrs  # noqa: E402
 from dsl_ops import TEST_OPS  # noqa: E402

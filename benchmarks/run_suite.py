@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -35,16 +34,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:
-        return False
-
-
-if "TVM_CUDA_COMPILE_MODE" not in os.environ and not _has_module("cuda.bindings"):
-    os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"  # TVM's default NVRTC path needs cuda.bindings
 
 from sparsec.bench import report  # noqa: E402
 from sparsec.bench.cases import MatrixCases, build_cases, parse_count  # noqa: E402

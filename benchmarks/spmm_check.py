@@ -21,12 +21,6 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if "TVM_CUDA_COMPILE_MODE" not in os.environ:
-    try:
-        import cuda.bindings  # noqa: F401  (TVM's default NVRTC path needs it)
-    except ImportError:
-        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-
 sys.path.insert(0, os.path.dirname(HERE))
 import sparsec  # noqa: E402
 from benchmarks.check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402

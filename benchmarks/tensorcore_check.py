@@ -25,16 +25,6 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-if "TVM_CUDA_COMPILE_MODE" not in os.environ:  # TVM's default NVRTC path needs cuda-bindings
-    import importlib.util
-
-    try:
-        has_bindings = importlib.util.find_spec("cuda.bindings") is not None
-    except ImportError:
-        has_bindings = False
-    if not has_bindings:
-        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-
 import sparsec  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 

@@ -74,10 +74,9 @@ def _split_real(names):
 def zero_shot(args):
     from sparsec.tune import records as R
     from sparsec.tune.features import MatrixContext
-    from sparsec.tune.model import CostModel
+    from sparsec.tune.model import CostModel, training_rows
     from sparsec.tune.runner import Runner
     from sparsec.tune.space import Space, candidate_id, describe
-    from sparsec.tune.tuner import training_rows
 
     recs = [r for r in R.load(args.log) if r.op == "spmm"]
     train, test = _split_real({r.matrix for r in recs})
@@ -140,7 +139,7 @@ def confirm(args):
                      "best_ms": best.time_ms, "speedup": dflt.time_ms / best.time_ms if dflt else None,
                      "best": describe(cand(best)), "best_candidate": cand(best),
                      "default_candidate": cand(dflt) if dflt else None, "families": fams, "failed": {}})
-    attach_peer_times("spmm", cases, None, rows, args.target)
+    attach_peer_times("spmm", cases, rows, args.target)
     Path(args.out).write_text(json.dumps({"cases": rows}, indent=1))
     print(format_table(rows))
     tuner = geomean([r["speedup"] for r in rows])

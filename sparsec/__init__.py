@@ -17,6 +17,9 @@ if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and _os.path.isfile
 from . import dsl, formats, inspect, ops  # noqa: E402
 from .build import compile  # noqa: E402
 from .kernel import Kernel  # noqa: E402
+from .targets import choose_cuda_compiler  # noqa: E402
+
+choose_cuda_compiler()  # before any CUDA module is loaded: NVRTC only where cuda-bindings is present
 
 __version__ = "0.1.0"
 __all__ = ["compile", "Kernel", "dsl", "formats", "inspect", "ops", "__version__"]

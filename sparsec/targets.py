@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 from dataclasses import dataclass
 
@@ -72,3 +74,17 @@ def parse_target(text) -> TargetSpec:
     if m:
         return TargetSpec("cuda", m.group(1))
     raise ValueError(f"target should be llvm, cuda, cuda:sm_80 or cuda:sm_90a, got {text!r}")
+
+
+def choose_cuda_compiler() -> str:
+    """The CUDA compile mode TVM will use (``TVM_CUDA_COMPILE_MODE``). TVM's default, NVRTC,
+    needs the cuda-bindings package; where it is missing, nvcc is chosen instead, so kernels
+    still load. A mode set by the user is left alone."""
+    if "TVM_CUDA_COMPILE_MODE" not in os.environ:
+        try:
+            has_bindings = importlib.util.find_spec("cuda.bindings") is not None
+        except ImportError:
+            has_bindings = False
+        if not has_bindings:
+            os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+    return os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc")

@@ -119,6 +119,9 @@ def test_tuned_choices_are_applied(matrix_file, tmp_path, monkeypatch):
     assert source == "record" and (cand["format"], cand["schedule_knobs"]) == (best.format, best.schedule_knobs)
     other = _matrix(seed=5)
     assert tuned_config("spmm", other, FEAT, "llvm", log=log)[1] == "model"
+    saved_pick = tuned_config("spmm", other, FEAT, "llvm", log=log)[0]
+    os.remove(model_path(log))  # no saved model: one is fitted on the log, the same one
+    assert tuned_config("spmm", other, FEAT, "llvm", log=log) == (saved_pick, "model")
     assert tuned_config("spmm", other, FEAT, "llvm", log=str(tmp_path / "none.jsonl"))[1] == "default"
 
     monkeypatch.setenv("SPARSEC_TUNING_LOGS", str(logs))

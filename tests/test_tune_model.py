@@ -17,7 +17,7 @@ from sparsec.formats import convert, rell
 from sparsec.schedules.cuda import features_over_threads
 from sparsec.tune import records as rec
 from sparsec.tune.features import FEATURE_NAMES, MatrixContext, candidate_features, feature_matrix
-from sparsec.tune.model import CostModel, samples_from_records, spearman
+from sparsec.tune.model import FEATURES_KEY, CostModel, log_throughput, spearman, training_rows
 
 
 def _cand(fmt="csr", format_knobs=None, feat=64, op="spmm", dtype="float32", **schedule_knobs):
@@ -275,21 +275,25 @@ def test_untrained_model_predicts_zeros(tmp_path):
         model.fit([(cands[0], ctx, 0.0)])
 
 
-def test_samples_from_records():
+def test_training_rows_from_logged_records():
+    """A log trains the model without its matrices: each record carries its feature row."""
     m = _powerlaw(100, 100, seed=6)
     ctx = MatrixContext(m)
-    base = dict(op="spmm", format="hyb", format_knobs={"col_parts": 2}, schedule_knobs={"vec": 2}, feat=64,
-                signature=ctx.signature, target="cuda", versions={})
+    cand = _cand(vec=2)
+    row = [None if not np.isfinite(v) else float(v) for v in feature_matrix([cand], ctx)[0]]
+    base = dict(op="spmm", format=cand["format"], format_knobs=cand["format_knobs"],
+                schedule_knobs=cand["schedule_knobs"], feat=cand["feat"], signature=ctx.signature, target="cuda",
+                versions={}, stats=dict(ctx.stats), extra={FEATURES_KEY: row})
     records = [rec.Record(**base, status="ok", time_ms=0.5),
                rec.Record(**base, status="timeout"),
+               rec.Record(**{**base, "extra": {}}, status="ok", time_ms=0.2),  # no features: skipped
                rec.Record(**{**base, "signature": "m-ffffffffffffffff"}, status="ok", time_ms=0.1)]
-    samples = samples_from_records(records, {ctx.signature: ctx})
-    assert len(samples) == 1
-    cand, got_ctx, t = samples[0]
-    assert got_ctx is ctx and t == 0.5
-    assert cand == {"op": "spmm", "format": "hyb", "format_knobs": {"col_parts": 2},
-                    "schedule_knobs": {"vec": 2}, "feat": 64, "dtype": "float32"}
-    feature_matrix([cand], ctx)  # a record's candidate featurizes as it is
+    X, y = training_rows(records)
+    assert X.shape == (2, len(FEATURE_NAMES))
+    np.testing.assert_array_equal(X[1], feature_matrix([cand], ctx)[0])  # newest first
+    assert y[1] == pytest.approx(log_throughput(cand, ctx, 0.5))
+    X, y = training_rows(records, exclude_signature="m-ffffffffffffffff")
+    assert len(y) == 1 and y[0] == pytest.approx(log_throughput(cand, ctx, 0.5))
 
 
 def test_spearman_is_nan_safe():

@@ -120,6 +120,7 @@ def test_empty_candidate_list():
     ({"repeat": 0}, "repeat should be a positive int"),
     ({"workers": 0}, "workers should be a positive int"),
     ({"target": "opencl"}, "target should be 'llvm' or a cuda target"),
+    ({"target": "cuda:sm90"}, "target should be llvm, cuda, cuda:sm_80"),
     ({"devices": [0]}, "cuda targets only"),
     ({"target": "cuda", "devices": [0, 0]}, "should not repeat"),
 ])
@@ -140,3 +141,11 @@ def test_a_runner_keeps_its_workers_across_rounds_and_matrices():
         third = r.measure([GOOD[0]], m1)
     assert [x["status"] for x in first] == ["ok", "crash"]
     assert second[0]["status"] == "ok" and third[0]["status"] == "ok"
+
+
+def test_a_cuda_target_without_a_gpu_is_refused_before_any_build(monkeypatch):
+    import sparsec.targets
+
+    monkeypatch.setattr(sparsec.targets, "local_cuda_arch", lambda: None)
+    with pytest.raises(ValueError, match="no GPU is visible here"):
+        Runner("cuda:sm_90a")

@@ -39,14 +39,25 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
                 return _record_candidate(best), "record"
     space = Space(op, ctx.matrix, feat, dtype, stats=ctx.stats)
     for path in logs:
-        mp = model_path(path) if path else None
-        if mp and os.path.isfile(mp):
-            from .model import CostModel
-
-            model = CostModel.load(mp)
+        model = _log_model(path)
+        if model is not None:
             scores = model.predict(space.candidates, ctx)
             return space.candidates[int(scores.argmax())], "model"
     return space.default, "default"
+
+
+def _log_model(log: Optional[str]):
+    """The model saved beside ``log``, else one fitted now on the log's measurements (about a
+    second: logs carry their feature rows), else None."""
+    from .model import CostModel, training_rows
+
+    if not log or not os.path.isfile(log):
+        return None
+    saved = model_path(log)
+    if os.path.isfile(saved):
+        return CostModel.load(saved)
+    model = CostModel().fit_arrays(*training_rows(R.load(log)))
+    return model if model.trained else None
 
 
 @dataclass

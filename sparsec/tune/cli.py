@@ -149,7 +149,7 @@ def cmd_tune(args) -> int:
         progress.close()
     rows = [summary_row(r) for r in results]
     if args.peer:
-        attach_peer_times(args.op, cases, results, rows, args.target)
+        attach_peer_times(args.op, cases, rows, args.target)
     print(format_table(rows))
     gm = geomean([r["speedup"] for r in rows if r["speedup"]])
     if gm:
@@ -211,7 +211,7 @@ def _ms(x) -> str:
     return f"{x:.4g}" if x else "-"
 
 
-def attach_peer_times(op, cases, results, rows, target):
+def attach_peer_times(op, cases, rows, target):
     """Time each case's default and best again with ``sparsec.bench`` (cuSPARSE beside them)."""
     from ..bench.cases import Case as BenchCase, MatrixCases
     from ..bench.run import Bench

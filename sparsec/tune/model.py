@@ -41,7 +41,8 @@ PARAMS: Dict[str, Any] = {
     "nthread": 2,   # small data: more threads cost more than they save, and stay deterministic
     "verbosity": 0,
 }
-CANDIDATE_KEYS = ("op", "format", "format_knobs", "schedule_knobs", "feat", "dtype")
+FEATURES_KEY = "features"  # where a tuning record keeps its candidate's feature row
+MAX_PRIOR = 40000  # training rows taken from a log (newest first)
 
 Sample = Tuple[Mapping[str, Any], MatrixContext, float]
 
@@ -201,18 +202,27 @@ def _features_by_context(samples: Sequence[Sample]) -> np.ndarray:
     return X
 
 
-def samples_from_records(records: Iterable[Any], contexts: Mapping[str, MatrixContext]) -> List[Sample]:
-    """(candidate, context, time_ms) samples from ``records.Record`` objects: successful
-    measurements (status "ok", a positive time) of a matrix in ``contexts`` (keyed by the
-    record's ``signature``) with a known ``feat``; other records are skipped."""
-    out: List[Sample] = []
-    for r in records:
-        ctx = contexts.get(r.signature)
-        if r.status != "ok" or ctx is None or r.feat is None or r.time_ms is None or not r.time_ms > 0:
+def training_rows(records: Iterable[Any], exclude_signature: Optional[str] = None
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """(X, y) from logged records (``records.Record``) that carry their feature row
+    (``extra[FEATURES_KEY]``, written by the tuner): y is log throughput, as the model
+    predicts it, so a model trains from a log without the matrices. Records of ``exclude_signature`` are left out; the newest
+    :data:`MAX_PRIOR` rows are kept."""
+    rows, ys = [], []
+    for r in reversed(records):
+        if r.status != "ok" or not r.time_ms or r.signature == exclude_signature:
             continue
-        cand = {k: getattr(r, k) for k in CANDIDATE_KEYS}
-        out.append((cand, ctx, float(r.time_ms)))
-    return out
+        x = r.extra.get(FEATURES_KEY)
+        if not isinstance(x, list) or len(x) != len(FEATURE_NAMES):
+            continue
+        rows.append([np.nan if v is None else v for v in x])
+        ys.append(math.log(2.0 * max(int(r.stats.get("nnz", 0)), 1) * r.feat / r.time_ms))  # log_throughput
+        if len(rows) >= MAX_PRIOR:
+            break
+    X = np.array(rows, np.float32).reshape(len(rows), len(FEATURE_NAMES))
+    y = np.array(ys, np.float64)
+    keep = np.isfinite(y)
+    return X[keep], y[keep]
 
 
 def spearman(pred, measured_time_ms) -> float:

@@ -112,6 +112,12 @@ def _check_target(target: str, devices) -> List[Optional[int]]:
         raise ValueError(f"devices should be a non-empty list of GPU ids (ints >= 0), got {devices!r}")
     if len(set(devices)) != len(devices):
         raise ValueError(f"devices should not repeat a GPU id, got {devices!r}")
+    from .. import targets
+
+    targets.parse_target(target)  # a malformed arch fails here, not in every build
+    if targets.local_cuda_arch() is None:
+        raise ValueError(f"target {target} is measured on a GPU, and no GPU is visible here; "
+                         "tune on a GPU host, or use --target llvm")
     return devices
 
 

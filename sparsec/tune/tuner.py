@@ -1,35 +1,33 @@
 """Tuning runs: search one (op, matrix, width) or a whole suite, log every measurement, keep the model.
 
-``tune_case`` runs one model-guided search (``sparsec.tune.search``) with a long-lived
-``Runner``, appends one record per measurement to the JSON-lines log (atomically, so a
-killed run leaves a log that loads and ``resume=True`` continues it), and trains the model
-on the log's other matrices first (transfer). ``tune_cases`` runs several cases with one
-Runner and one growing model; after a run the model, fitted on every measurement in the
-log, is saved next to the log (``<log>.model.json``) so ``sparsec.compile`` can rank a
+``tune_cases`` runs one model-guided search (``sparsec.tune.search``) per case, all with one
+long-lived ``Runner``. Every measurement is appended to the JSON-lines log as one record
+(atomically, so a killed run leaves a log that loads and ``resume=True`` continues it), and
+each search first trains the model on the log's other matrices (transfer). After the run
+the model, fitted on every measurement in the log, is saved beside it
+(``<log stem>.model.json``), where ``sparsec.tune.apply`` finds it to rank the space of a
 matrix it has never seen.
 
-Each record stores the candidate's feature vector (``extra["features"]``): training on a
-log then needs no access to the matrices that were measured.
+Each record stores the candidate's feature row (``extra["features"]``): training on a log
+needs no access to the matrices that were measured.
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from . import records as R
-from .features import FEATURE_NAMES, MatrixContext, feature_matrix
+from .features import MatrixContext, feature_matrix
 from .lookup import model_path
-from .model import CostModel
+from .model import FEATURES_KEY, CostModel, training_rows
 from .runner import Runner
 from .search import Search, SearchResult, Trial
 from .space import Space, candidate_id
 
-FEATURES_KEY = "features"
-MAX_PRIOR = 40000  # training rows taken from other matrices (newest first)
 
 
 @dataclass
@@ -68,28 +66,6 @@ def device_name(target: str) -> str:
     except ImportError:
         pass
     return "cuda"
-
-
-def training_rows(records: Sequence[R.Record], exclude_signature: Optional[str] = None
-                  ) -> Tuple[np.ndarray, np.ndarray]:
-    """(X, y) from logged records that carry features: y is log throughput, as the model
-    predicts it. Records of ``exclude_signature`` are left out; the newest
-    :data:`MAX_PRIOR` rows are kept."""
-    rows, ys = [], []
-    for r in reversed(records):
-        if r.status != "ok" or not r.time_ms or r.signature == exclude_signature:
-            continue
-        x = r.extra.get(FEATURES_KEY)
-        if not isinstance(x, list) or len(x) != len(FEATURE_NAMES):
-            continue
-        rows.append([np.nan if v is None else v for v in x])
-        ys.append(float(np.log(2.0 * r.stats.get("nnz", 0) * r.feat / r.time_ms)) if r.stats.get("nnz") else np.nan)
-        if len(rows) >= MAX_PRIOR:
-            break
-    X = np.array(rows, np.float32).reshape(len(rows), len(FEATURE_NAMES))
-    y = np.array(ys, np.float64)
-    keep = np.isfinite(y)
-    return X[keep], y[keep]
 
 
 def _record(trial: Trial, case: Case, ctx: MatrixContext, features: List[float], target: str,
@@ -144,11 +120,6 @@ def tune_cases(op: str, cases: Sequence[Case], *, target: str = "llvm", trials: 
     if save_model:
         save_log_model(log)
     return results
-
-
-def tune_case(op: str, name: str, matrix, feat: int, **kw) -> CaseResult:
-    """One case; keywords as :func:`tune_cases`."""
-    return tune_cases(op, [Case(name, matrix, feat)], **kw)[0]
 
 
 def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batch, epsilon, patience, seed,
