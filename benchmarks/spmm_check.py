@@ -31,9 +31,12 @@ GRAPHS = ("cond-mat", "as-22july06", "cond-mat-2003", "astro-ph", "pgp-strong-20
           "copter2", "mdual", "rmat-s16", "rmat-s18")
 SETTINGS = {
     "csr": ({"vec": 4, "unroll": 2}, {"vec": 4, "unroll": 4}, {"vec": 4, "unroll": 8},
-            {"vec": 2, "unroll": 8}, {"rows_per_block": 2, "vec": 4, "unroll": 8}),
+            {"vec": 2, "unroll": 8}, {"rows_per_block": 2, "vec": 4, "unroll": 8},
+            {"vec": 4, "unroll": 2, "feat_tiles": 2}, {"vec": 4, "unroll": 2, "feat_tiles": 4}),
     "hyb": ({"vec": 4, "slots_per_block": 64}, {"vec": 4, "slots_per_block": 256}, {"vec": 4, "slots_per_block": 32},
-            {"rows_per_block": 2, "vec": 4, "slots_per_block": 1024}, {"vec": 2, "slots_per_block": 64}),
+            {"rows_per_block": 2, "vec": 4, "slots_per_block": 1024}, {"vec": 2, "slots_per_block": 64},
+            {"vec": 4, "slots_per_block": 64, "feat_tiles": 2}, {"vec": 4, "slots_per_block": 64, "feat_tiles": 4},
+            {"vec": 4, "slots_per_block": 64, "feat_tiles": 8}),
 }
 L2_BYTES = 64 << 20
 

@@ -10,6 +10,9 @@
         measured and compared with that case's tuned best from the log.
     python benchmarks/tune_eval.py confirm --log ... --out confirm.json
         each logged case's default and best timed again by sparsec.bench beside cuSPARSE.
+    python benchmarks/tune_eval.py tiles --matrix mdual copter2 ... --feat 256 512 --log ... --out tiles.json
+        the default and the log's best of each case, each with 1, 2, 4 and 8 feature slices
+        (feat_tiles): what slicing the features on blockIdx.y alone is worth.
 
 Matrices come from the graphs suite cache (benchmarks/data/cache). Prints a table last.
 """
@@ -149,6 +152,52 @@ def confirm(args):
           f"sparsec.bench: {bench or float('nan'):.2f}x; tuned vs cuSPARSE: {cus or float('nan'):.2f}x")
 
 
+def tiles(args):
+    from sparsec.tune import records as R
+    from sparsec.tune.features import MatrixContext
+    from sparsec.tune.runner import Runner
+    from sparsec.tune.space import MIN_TILE_FEATURES, Space, describe
+
+    recs = [r for r in R.load(args.log) if r.op == "spmm" and r.status == "ok"] if args.log else []
+    mats = graphs()
+    rows = []
+    with Runner(args.target, timeout_s=30.0, build_timeout_s=args.build_timeout) as runner:
+        for name in args.matrix:
+            ctx = MatrixContext(mats[name])
+            for feat in args.feat:
+                space = Space("spmm", ctx.matrix, feat, stats=ctx.stats)
+                bases = {"default": space.default}
+                mine = [r for r in recs if (r.matrix, r.feat) == (name, feat)]
+                if mine:
+                    b = min(mine, key=lambda r: r.time_ms)
+                    bases["logged best"] = {"op": "spmm", "format": b.format, "format_knobs": b.format_knobs,
+                                            "schedule_knobs": b.schedule_knobs, "feat": feat, "dtype": b.dtype}
+                counts = [t for t in (1, 2, 4, 8) if feat % t == 0 and (t == 1 or feat // t >= MIN_TILE_FEATURES)]
+                cands, keys = [], []
+                for label, base in bases.items():
+                    for t in counts:
+                        sk = {k: v for k, v in base["schedule_knobs"].items() if k != "feat_tiles"}
+                        if t > 1:
+                            sk["feat_tiles"] = t
+                        cands.append({**base, "schedule_knobs": sk})
+                        keys.append((label, t))
+                res = runner.measure(cands, ctx.matrix)
+                for (label, t), c, r in zip(keys, cands, res):
+                    rows.append({"matrix": name, "feat": feat, "base": label, "feat_tiles": t, "candidate": describe(c),
+                                 "status": r["status"], "time_ms": r["time_ms"], "error": r.get("error")})
+                    print(f"{name} F={feat} {label} tiles={t}: {r['status']} {r['time_ms']} ms", flush=True)
+    Path(args.out).write_text(json.dumps({"target": args.target, "cases": rows}, indent=1))
+    print("| matrix | F | base | tiles 1 | tiles 2 | tiles 4 | tiles 8 | best / tiles 1 |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for key in dict.fromkeys((r["matrix"], r["feat"], r["base"]) for r in rows):
+        by = {r["feat_tiles"]: r for r in rows if (r["matrix"], r["feat"], r["base"]) == key}
+        cell = lambda t: (f"{by[t]['time_ms'] * 1e3:.1f} us" if t in by and by[t]["status"] == "ok"  # noqa: E731
+                          else (by[t]["status"] if t in by else "-"))
+        ok = [r["time_ms"] for r in by.values() if r["status"] == "ok"]
+        gain = by[1]["time_ms"] / min(ok) if ok and by.get(1, {}).get("status") == "ok" else float("nan")
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {cell(1)} | {cell(2)} | {cell(4)} | {cell(8)} | {gain:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="job", required=True)
@@ -159,6 +208,14 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--build-timeout", type=float, default=30.0)
     p.set_defaults(func=exhaustive)
+    p = sub.add_parser("tiles")
+    p.add_argument("--matrix", nargs="+", required=True)
+    p.add_argument("--feat", type=int, nargs="+", default=[256, 512])
+    p.add_argument("--log")
+    p.add_argument("--target", default="cuda:sm_90a")
+    p.add_argument("--out", required=True)
+    p.add_argument("--build-timeout", type=float, default=30.0)
+    p.set_defaults(func=tiles)
     for job, fn in (("zero-shot", zero_shot), ("confirm", confirm)):
         p = sub.add_parser(job)
         p.add_argument("--log", required=True)

@@ -47,9 +47,9 @@ def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1, interleave
 
 @transformation(knobs={"rows_per_block": ("auto", 1, 2, 4, 8, 16), "vec": (4, 1, 2),
                        "slots_per_block": (64, 32, 128, 256, 512, 1024), "unroll": (2, 1, 4, 8),
-                       "interleave": (1, 0)})
+                       "interleave": (1, 0), "feat_tiles": (1, 2, 4, 8)})
 def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec: int, slots_per_block: int,
-                          unroll: int, interleave: int):
+                          unroll: int, interleave: int, feat_tiles: int):
     """SpMM-like nests. Requires: the statement block's last loop is a spatial dense axis.
 
     Before: for i: for p in row_len: for k in F: C[i, k] += A[p] * B[col[p], k]
@@ -65,9 +65,17 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     with ``interleave`` so that the groups' gathers overlap), so narrow buckets do not launch
     swarms of tiny blocks; a row of data-dependent length has its entry loop unrolled
     ``unroll`` times.
+
+    ``feat_tiles`` > 1 cuts the features into that many slices on ``blockIdx.y``. The grid
+    runs every row block of the first slice before the next slice, so the rows of B being
+    gathered at any moment are ``F / feat_tiles`` wide: on a wide F whose B outgrows the L2
+    cache the slice may still fit. The cost is each row's indices read once per slice.
     """
     feat = _feature(nest)
     F = feat.loop.extent
+    if F % feat_tiles:
+        feat_tiles = 1
+    F //= feat_tiles
     vec = vec if F % vec == 0 else 1
     tx = F // vec
     serial = 1
@@ -80,12 +88,14 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     blk = inner_block(sch, nest)
     loops = sch.get_loops(blk)
     k = loops[-1]
-    k_s, k_t, k_v = sch.split(k, [serial, tx, vec])
+    k_f, k_s, k_t, k_v = sch.split(k, [feat_tiles, serial, tx, vec])
     # the statement block's other loops (not the row loop, which stays outermost)
     own_ir = [b for b in nest.blocks[-1][:-1] if b.loop.role != "root"]
     own = loops[len(loops) - 1 - len(own_ir):-1]
-    sch.reorder(k_t, *own, k_s, k_v)
+    sch.reorder(k_f, k_t, *own, k_s, k_v)
     sch.bind(k_t, "threadIdx.x")
+    if feat_tiles > 1:
+        sch.bind(k_f, "blockIdx.y")
     accumulates = nest.reduce is not None and (nest.init or nest.atomic)
     if accumulates:
         acc = sch.cache_write(blk, 0, "local")

@@ -71,3 +71,18 @@ def test_spmm_cpu_results_unchanged(fmt):
     B = np.random.default_rng(1).standard_normal((m.shape[1], 16)).astype(np.float32)
     out = sparsec.compile("spmm", A, feat=16)(A, B)
     np.testing.assert_allclose(out, m.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["csr", "hyb:1:1/2/4/8/16/32"])
+def test_feature_tiles_run_on_blockIdx_y_in_every_kernel(spec):
+    """feat_tiles=4 at F=256: every kernel (fill, fused parts) indexes its 64-feature slice
+    with blockIdx.y, and the source compiles for sm_90a."""
+    from nvcc_tools import nvcc_sources
+
+    A = convert(skewed(), spec)
+    k = sparsec.compile("spmm", A, target="cuda:sm_90a", feat=256, knobs={"feat_tiles": 4})
+    assert k.knobs["feat_tiles"] == 4
+    bodies = definitions(k.source())
+    assert bodies and all("blockIdx.y) * 64)" in b for b in bodies), "each slice is 64 features wide"
+    (ok, log), = nvcc_sources({("tiles", "sm_90a"): k.source()}).values()
+    assert ok, log[-2000:]

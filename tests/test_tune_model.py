@@ -138,15 +138,19 @@ def _spmm_nest(F):
 @pytest.mark.parametrize("F", [32, 64, 512, 6])
 @pytest.mark.parametrize("vec", [4, 1])
 @pytest.mark.parametrize("rows_per_block", ["auto", 16])
-def test_schedule_resolution_matches_features_over_threads(F, vec, rows_per_block):
+@pytest.mark.parametrize("feat_tiles", [1, 4])
+def test_schedule_resolution_matches_features_over_threads(F, vec, rows_per_block, feat_tiles):
     sch = _Recorder()
     features_over_threads.fn(sch, _spmm_nest(F), rows_per_block=rows_per_block, vec=vec, slots_per_block=64,
-                             unroll=2, interleave=1)
+                             unroll=2, interleave=1, feat_tiles=feat_tiles)
     ctx = MatrixContext(_powerlaw(50, 60, seed=2))
-    f = candidate_features(_cand(feat=F, rows_per_block=rows_per_block, vec=vec), ctx)
+    f = candidate_features(_cand(feat=F, rows_per_block=rows_per_block, vec=vec, feat_tiles=feat_tiles), ctx)
     assert f["rows_per_block"] == sch.bound["threadIdx.y"]
     assert f["threads_per_row"] == sch.bound["threadIdx.x"]
-    assert f["vec"] == sch.feature_split[2]
+    assert f["vec"] == sch.feature_split[3]
+    tiles = sch.feature_split[0]  # a width the tiles do not divide (F = 6 in 4) stays whole
+    assert tiles == (feat_tiles if F % feat_tiles == 0 else 1) and 2 ** f["log2_feat_tiles"] == tiles
+    assert sch.bound.get("blockIdx.y", 1) == tiles
     assert f["threads_per_block"] == sch.bound["threadIdx.x"] * sch.bound["threadIdx.y"]
     assert f["rows_per_block_auto"] == float(rows_per_block == "auto")
 
@@ -294,6 +298,22 @@ def test_training_rows_from_logged_records():
     assert y[1] == pytest.approx(log_throughput(cand, ctx, 0.5))
     X, y = training_rows(records, exclude_signature="m-ffffffffffffffff")
     assert len(y) == 1 and y[0] == pytest.approx(log_throughput(cand, ctx, 0.5))
+
+
+def test_training_rows_extend_rows_logged_before_newer_features():
+    """Rows logged before log2_feat_tiles existed ran untiled kernels: they train as tiles = 1."""
+    from sparsec.tune.features import LEGACY_LENGTH, LEGACY_VALUES
+
+    ctx = MatrixContext(_powerlaw(100, 100, seed=7))
+    cand = _cand(vec=2)
+    full = [float(v) if np.isfinite(v) else None for v in feature_matrix([cand], ctx)[0]]
+    assert full[LEGACY_LENGTH:] == list(LEGACY_VALUES)
+    base = dict(op="spmm", format="csr", format_knobs={}, schedule_knobs={"vec": 2}, feat=64, signature=ctx.signature,
+                target="cuda", versions={}, stats=dict(ctx.stats), status="ok", time_ms=0.5)
+    X, _ = training_rows([rec.Record(**base, extra={FEATURES_KEY: full[:LEGACY_LENGTH]}),
+                          rec.Record(**base, extra={FEATURES_KEY: full[:LEGACY_LENGTH - 1]})])  # unknown length: skipped
+    assert X.shape == (1, len(FEATURE_NAMES))
+    np.testing.assert_array_equal(X[0], feature_matrix([cand], ctx)[0])
 
 
 def test_spearman_is_nan_safe():

@@ -59,7 +59,11 @@ FEATURE_NAMES: Tuple[str, ...] = (
     "padding_ratio", "split_frac", "log_ell_rows", "n_parts", "log_thread_blocks",
     # the work: entries x features, stored slots x features, rows x features (SpMM's output)
     "log_work_nnz", "log_work_stored", "log_work_rows",
+    # knobs added after the first H200 logs: appended, so older rows extend with LEGACY_VALUES
+    "log2_feat_tiles",
 )
+LEGACY_VALUES = (0.0,)  # log2(feat_tiles = 1): rows logged before it ran untiled kernels
+LEGACY_LENGTH = len(FEATURE_NAMES) - len(LEGACY_VALUES)
 
 
 @dataclass(frozen=True)
@@ -240,9 +244,13 @@ def schedule_knobs(op: str, knobs: Optional[Mapping[str, Any]]) -> Dict[str, Any
 
 
 def resolve_spmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
-    """What ``features_over_threads`` makes of filled-in knobs at width ``feat``: the vector
-    width that divides feat, ``tx`` threads per row (at most 256, features beyond run
-    serially) and the rows per block ("auto": about 128 threads a block)."""
+    """What ``features_over_threads`` makes of filled-in knobs at width ``feat``: the feature
+    slices (``feat_tiles`` dividing feat), the vector width that divides a slice, ``tx``
+    threads per row (at most 256, features beyond run serially) and the rows per block
+    ("auto": about 128 threads a block)."""
+    tiles = knobs.get("feat_tiles", 1)
+    tiles = tiles if feat % tiles == 0 else 1
+    feat //= tiles
     vec = knobs["vec"] if feat % knobs["vec"] == 0 else 1
     tx = feat // vec
     while tx > 256 and tx % 2 == 0:
@@ -251,7 +259,7 @@ def resolve_spmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
     if rows_per_block == "auto":
         rows_per_block = max(1, min(16, AUTO_THREADS // tx))
     rows_per_block = max(1, min(rows_per_block, SPMM_MAX_THREADS // tx))
-    return {"vec": vec, "threads_per_row": tx, "rows_per_block": rows_per_block}
+    return {"vec": vec, "threads_per_row": tx, "rows_per_block": rows_per_block, "feat_tiles": tiles}
 
 
 def resolve_sddmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
@@ -263,7 +271,7 @@ def resolve_sddmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
     groups = knobs["groups"] or max(1, WARP // lanes)
     rows_per_block = max(1, min(knobs["rows_per_block"], SDDMM_MAX_THREADS // (lanes * groups)))
     return {"vec": vec, "lanes": lanes, "groups": groups, "threads_per_row": lanes * groups,
-            "rows_per_block": rows_per_block}
+            "rows_per_block": rows_per_block, "feat_tiles": 1}
 
 
 # ------------------------------------------------------------------ features
@@ -338,6 +346,7 @@ def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str,
     f["vec"] = float(r["vec"])
     f["threads_per_row"] = float(r["threads_per_row"])
     f["threads_per_block"] = float(r["threads_per_row"] * r["rows_per_block"])
+    f["log2_feat_tiles"] = math.log2(r["feat_tiles"])
 
     nnz = ctx.nnz
     layout = ctx.layout(family, params)
@@ -346,8 +355,8 @@ def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str,
         f["split_frac"] = layout.split_nnz / nnz if nnz else 0.0
         f["log_ell_rows"] = math.log1p(sum(layout.loop_rows))
         f["n_parts"] = float(len(layout.loop_rows))
-        f["log_thread_blocks"] = math.log1p(_thread_blocks(op, layout, r["rows_per_block"],
-                                                           knobs.get("slots_per_block")))
+        f["log_thread_blocks"] = math.log1p(r["feat_tiles"] * _thread_blocks(op, layout, r["rows_per_block"],
+                                                                              knobs.get("slots_per_block")))
         f["log_work_stored"] = math.log1p(layout.stored * feat)
     f["log_work_nnz"] = math.log1p(nnz * feat)
     f["log_work_rows"] = math.log1p(ctx.rows * feat)

@@ -1,0 +1,74 @@
+"""The tuner's search space (sparsec.tune.space): every candidate is a valid, fully written-out
+kernel, the pruning rules hold, and the default is what sparsec runs untuned."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparsec.schedules.cuda import features_over_threads
+from sparsec.tune.space import MIN_TILE_FEATURES, Space, candidate_id
+
+
+def powerlaw(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    lens = np.minimum(rng.zipf(1.8, n), n // 2)
+    lens[5] = 0
+    rows = np.repeat(np.arange(n), lens)
+    cols = rng.integers(0, n, rows.size)
+    m = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(n, n))
+    m.sum_duplicates()
+    return m
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return powerlaw()
+
+
+@pytest.mark.parametrize("feat", [32, 128, 512, 96])
+def test_every_candidate_is_valid_and_unique(matrix, feat):
+    space = Space("spmm", matrix, feat)
+    ids = [candidate_id(c) for c in space.candidates]
+    assert len(ids) == len(set(ids)) and candidate_id(space.default) in ids
+    for c in space.candidates:
+        k = c["schedule_knobs"]
+        for name, value in k.items():
+            assert name in features_over_threads.knobs, name
+            assert value in features_over_threads.knobs[name] or name == "rows_per_block", (name, value)
+        tiles = k.get("feat_tiles", 1)
+        assert "feat_tiles" not in k or tiles > 1, "untiled kernels keep their pre-tiling identity"
+        assert feat % tiles == 0 and (tiles == 1 or feat // tiles >= MIN_TILE_FEATURES)
+        assert (feat // tiles) % k["vec"] == 0
+        if c["format"] == "csr":
+            assert "slots_per_block" not in k and "interleave" not in k
+        else:
+            assert "unroll" not in k and k["slots_per_block"] <= 128
+
+
+def test_feature_tiles_appear_only_on_wide_features(matrix):
+    tiles = lambda feat: {c["schedule_knobs"].get("feat_tiles", 1) for c in Space("spmm", matrix, feat).candidates}  # noqa: E731
+    assert tiles(64) == {1}
+    assert tiles(128) == {1, 2}
+    assert tiles(512) == {1, 2, 4, 8}
+    assert tiles(96) == {1}  # 96 / 2 = 48 features a slice: too narrow
+
+
+def test_small_space_is_enumerable_and_untiled(matrix):
+    for feat in (32, 512):
+        space = Space("spmm", matrix, feat, size="small")
+        assert 0 < len(space) <= 100
+        assert all("feat_tiles" not in c["schedule_knobs"] for c in space.candidates)
+
+
+def test_default_is_the_untuned_template(matrix):
+    d = Space("spmm", matrix, 512).default
+    assert d["schedule_knobs"]["vec"] == 4 and "feat_tiles" not in d["schedule_knobs"]
+    assert d["schedule_knobs"]["rows_per_block"] == 1  # auto: 128 threads a block, 128 a row at F = 512
+
+
+def test_bad_arguments_name_the_problem(matrix):
+    with pytest.raises(ValueError, match="feat"):
+        Space("spmm", matrix, 0)
+    with pytest.raises(ValueError, match="unknown format family"):
+        Space("spmm", matrix, 32, families=["coo"])
+    with pytest.raises(ValueError, match="size"):
+        Space("spmm", matrix, 32, size="huge")
