@@ -10,6 +10,9 @@
         measured and compared with that case's tuned best from the log.
     python benchmarks/tune_eval.py confirm --log ... --out confirm.json
         each logged case's default and best timed again by sparsec.bench beside cuSPARSE.
+    python benchmarks/tune_eval.py report --log ... --suite-cases 60 --out report.json
+        no GPU: the log's table, geometric means by F and overall, and a lower bound over
+        the whole suite with the cases the log lacks counted at 1.0x.
     python benchmarks/tune_eval.py tiles --matrix mdual copter2 ... --feat 256 512 --log ... --out tiles.json
         the default and the log's best of each case, each with 1, 2, 4 and 8 feature slices
         (feat_tiles): what slicing the features on blockIdx.y alone is worth.
@@ -117,17 +120,17 @@ def zero_shot(args):
           f"geomean {100 * math.exp(np.mean(np.log(np.maximum(fr, 1e-9)))):.1f} %, min {100 * min(fr):.1f} %")
 
 
-def confirm(args):
-    from sparsec.tune import records as R
-    from sparsec.tune.cli import attach_peer_times, format_table, geomean
+def log_rows(recs, mats=None):
+    """Per (matrix, feat) in the log: trials, default and best (times and candidates) and the
+    best per format family, in the shape ``sparsec.tune.cli.format_table`` prints; with
+    ``mats`` also the bench Cases for re-timing."""
     from sparsec.tune.space import describe
     from sparsec.tune.tuner import Case
 
-    recs = [r for r in R.load(args.log) if r.op == "spmm" and r.status == "ok"]
-    mats = graphs()
     cases, rows = [], []
-    for (name, feat) in sorted({(r.matrix, r.feat) for r in recs}):
-        mine = [r for r in recs if (r.matrix, r.feat) == (name, feat)]
+    for (name, feat) in sorted({(r.matrix, r.feat) for r in recs if r.status == "ok"}):
+        tried = [r for r in recs if (r.matrix, r.feat) == (name, feat)]
+        mine = [r for r in tried if r.status == "ok"]
         best = min(mine, key=lambda r: r.time_ms)
         dflt = next((r for r in mine if r.extra.get("default")), None)
         cand = lambda r: {"op": r.op, "format": r.format, "format_knobs": r.format_knobs,  # noqa: E731
@@ -137,11 +140,25 @@ def confirm(args):
             f = r.format.split(":")[0]
             if f not in fams or r.time_ms < fams[f]["time_ms"]:
                 fams[f] = {"time_ms": r.time_ms}
-        cases.append(Case(name, mats[name], feat))
-        rows.append({"matrix": name, "feat": feat, "trials": len(mine), "default_ms": dflt.time_ms if dflt else None,
+        if mats is not None:
+            cases.append(Case(name, mats[name], feat))
+        failed = {}
+        for r in tried:
+            if r.status != "ok":
+                failed[r.status] = failed.get(r.status, 0) + 1
+        rows.append({"matrix": name, "feat": feat, "trials": len(tried), "default_ms": dflt.time_ms if dflt else None,
                      "best_ms": best.time_ms, "speedup": dflt.time_ms / best.time_ms if dflt else None,
                      "best": describe(cand(best)), "best_candidate": cand(best),
-                     "default_candidate": cand(dflt) if dflt else None, "families": fams, "failed": {}})
+                     "default_candidate": cand(dflt) if dflt else None, "families": fams, "failed": failed})
+    return cases, rows
+
+
+def confirm(args):
+    from sparsec.tune import records as R
+    from sparsec.tune.cli import attach_peer_times, format_table, geomean
+
+    recs = [r for r in R.load(args.log) if r.op == "spmm" and r.status == "ok"]
+    cases, rows = log_rows(recs, graphs())
     attach_peer_times("spmm", cases, rows, args.target)
     Path(args.out).write_text(json.dumps({"cases": rows}, indent=1))
     print(format_table(rows))
@@ -150,6 +167,29 @@ def confirm(args):
     cus = geomean([r.get("vs_cusparse") for r in rows])
     print(f"{len(rows)} cases. tuned vs default, tuner's measurements: {tuner:.2f}x; timed again by "
           f"sparsec.bench: {bench or float('nan'):.2f}x; tuned vs cuSPARSE: {cus or float('nan'):.2f}x")
+
+
+def report(args):
+    """The log's suite table and geometric means, with no GPU: every figure is a logged
+    measurement. Suite cases the log lacks count at 1.0x in the lower bound (a tuned case is
+    never slower than its default: the search measures the default first)."""
+    from sparsec.tune import records as R
+    from sparsec.tune.cli import format_table, geomean
+
+    recs = [r for r in R.load(args.log) if r.op == "spmm" and r.dtype == "float32"]
+    _, rows = log_rows(recs)
+    print(format_table(rows))
+    real = {r["matrix"] for r in rows}
+    by_feat = {f: geomean([r["speedup"] for r in rows if r["feat"] == f]) for f in sorted({r["feat"] for r in rows})}
+    total = geomean([r["speedup"] for r in rows])
+    n_suite = args.suite_cases or len(rows)
+    bound = math.exp(math.log(total) * len(rows) / n_suite)
+    print("geomean by F: " + ", ".join(f"F={f} {g:.2f}x" for f, g in by_feat.items()))
+    print(f"{len(rows)} cases ({len(real)} matrices), trials per case {min(r['trials'] for r in rows)}-"
+          f"{max(r['trials'] for r in rows)}: tuned vs default geomean {total:.3f}x; over {n_suite} suite cases "
+          f"with the missing ones at 1.0x: >= {bound:.3f}x")
+    Path(args.out).write_text(json.dumps({"cases": rows, "geomean": total, "by_feat": by_feat,
+                                          "suite_cases": n_suite, "suite_lower_bound": bound}, indent=1))
 
 
 def tiles(args):
@@ -216,6 +256,12 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--build-timeout", type=float, default=30.0)
     p.set_defaults(func=tiles)
+    p = sub.add_parser("report")
+    p.add_argument("--log", required=True)
+    p.add_argument("--suite-cases", type=int, help="cases in the whole suite (the lower bound counts the "
+                                                   "missing ones at 1.0x)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=report)
     for job, fn in (("zero-shot", zero_shot), ("confirm", confirm)):
         p = sub.add_parser(job)
         p.add_argument("--log", required=True)
