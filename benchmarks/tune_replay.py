@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsec.tune.model import CostModel, spearman  # noqa: E402
 from sparsec.tune.search import Search  # noqa: E402
+from sparsec.tune.features import stored_row  # noqa: E402
 from sparsec.tune.space import candidate_id  # noqa: E402
 
 
@@ -39,7 +40,7 @@ class _Ctx:
 
 
 def _case_arrays(c):
-    X = np.array([[np.nan if v is None else v for v in row] for row in c["features"]], np.float32)
+    X = np.array([stored_row(row) for row in c["features"]], np.float32)
     t = np.array([r["time_ms"] if r["status"] == "ok" else np.nan for r in c["results"]])
     return X, t
 

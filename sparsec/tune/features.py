@@ -66,6 +66,19 @@ LEGACY_VALUES = (0.0,)  # log2(feat_tiles = 1): rows logged before it ran untile
 LEGACY_LENGTH = len(FEATURE_NAMES) - len(LEGACY_VALUES)
 
 
+def stored_row(x):
+    """A feature row read back from a log or results file, with None for NaN, as a list in
+    ``FEATURE_NAMES`` order: a row stored before the newest features were added is extended
+    with the values its kernel ran with. None when the row is of no known length."""
+    if not isinstance(x, list):
+        return None
+    if len(x) == LEGACY_LENGTH:
+        x = x + list(LEGACY_VALUES)
+    if len(x) != len(FEATURE_NAMES):
+        return None
+    return [math.nan if v is None else v for v in x]
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a format stores one matrix, as far as the kernel's cost goes: ``stored`` value

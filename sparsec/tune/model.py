@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .features import FEATURE_NAMES, LEGACY_LENGTH, LEGACY_VALUES, MatrixContext, feature_matrix
+from .features import FEATURE_NAMES, MatrixContext, feature_matrix, stored_row
 
 MODEL_FORMAT = "sparsec-cost-model"
 MODEL_VERSION = 1
@@ -208,17 +208,15 @@ def training_rows(records: Iterable[Any], exclude_signature: Optional[str] = Non
     (``extra[FEATURES_KEY]``, written by the tuner): y is log throughput, as the model
     predicts it, so a model trains from a log without the matrices. Records of ``exclude_signature`` are left out; the newest
     :data:`MAX_PRIOR` rows are kept. Rows logged before the newest features were added are
-    extended with the values their kernels ran with (``features.LEGACY_VALUES``)."""
+    extended with the values their kernels ran with (``features.stored_row``)."""
     rows, ys = [], []
     for r in reversed(records):
         if r.status != "ok" or not r.time_ms or r.signature == exclude_signature:
             continue
-        x = r.extra.get(FEATURES_KEY)
-        if isinstance(x, list) and len(x) == LEGACY_LENGTH:
-            x = x + list(LEGACY_VALUES)
-        if not isinstance(x, list) or len(x) != len(FEATURE_NAMES):
+        x = stored_row(r.extra.get(FEATURES_KEY))
+        if x is None:
             continue
-        rows.append([np.nan if v is None else v for v in x])
+        rows.append(x)
         ys.append(math.log(2.0 * max(int(r.stats.get("nnz", 0)), 1) * r.feat / r.time_ms))  # log_throughput
         if len(rows) >= MAX_PRIOR:
             break
