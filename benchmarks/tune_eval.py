@@ -196,7 +196,7 @@ def tiles(args):
     from sparsec.tune import records as R
     from sparsec.tune.features import MatrixContext
     from sparsec.tune.runner import Runner
-    from sparsec.tune.space import MIN_TILE_FEATURES, Space, describe
+    from sparsec.tune.space import Space, describe, feature_slices
 
     recs = [r for r in R.load(args.log) if r.op == "spmm" and r.status == "ok"] if args.log else []
     mats = graphs()
@@ -212,7 +212,7 @@ def tiles(args):
                     b = min(mine, key=lambda r: r.time_ms)
                     bases["logged best"] = {"op": "spmm", "format": b.format, "format_knobs": b.format_knobs,
                                             "schedule_knobs": b.schedule_knobs, "feat": feat, "dtype": b.dtype}
-                counts = [t for t in (1, 2, 4, 8) if feat % t == 0 and (t == 1 or feat // t >= MIN_TILE_FEATURES)]
+                counts = feature_slices(feat)
                 cands, keys = [], []
                 for label, base in bases.items():
                     for t in counts:

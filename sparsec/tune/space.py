@@ -36,6 +36,7 @@ import numpy as np
 
 from ..formats import hyb as hyb_format
 from ..formats.choose import default_format
+from .features import resolve_spmm
 from .signature import canonical_csr, matrix_stats
 
 MIN_RANGE_COLS = 1024
@@ -61,20 +62,19 @@ SDDMM_DEFAULTS = {"lanes": 0, "vec": 0, "groups": 0, "rows_per_block": 4}
 SDDMM_KNOBS = {"lanes": (0, 4, 8, 16, 32), "vec": (0, 4), "groups": (0, 1, 2, 4), "rows_per_block": (4, 1, 2, 8)}
 SDDMM_KNOBS_SMALL = {"lanes": (0, 8, 32), "vec": (0,), "groups": (0, 1, 4), "rows_per_block": (4, 1, 8)}
 
-AUTO_THREADS, MAX_THREADS, MAX_ROW_THREADS = 128, 1024, 256  # as in schedules.cuda
+MAX_THREADS = 1024  # as in schedules.cuda
 
 
-def resolve_rows_per_block(rows_per_block, feat: int, vec: int, feat_tiles: int = 1) -> int:
-    """The rows a block takes, as ``features_over_threads`` resolves its knobs."""
-    if feat % feat_tiles == 0:
-        feat //= feat_tiles
-    vec = vec if feat % vec == 0 else 1
-    tx = feat // vec
-    while tx > MAX_ROW_THREADS and tx % 2 == 0:
-        tx //= 2
-    if rows_per_block == "auto":
-        rows_per_block = max(1, min(16, AUTO_THREADS // tx))
-    return max(1, min(int(rows_per_block), MAX_THREADS // tx)), tx
+def feature_slices(feat: int) -> List[int]:
+    """The ``feat_tiles`` values worth building at width ``feat``: dividing it, and leaving
+    at least :data:`MIN_TILE_FEATURES` features a slice."""
+    return [t for t in SPMM_FIXED["feat_tiles"] if feat % t == 0 and (t == 1 or feat // t >= MIN_TILE_FEATURES)]
+
+
+def _resolved(rows_per_block, feat: int, vec: int, feat_tiles: int):
+    """(rows a block takes, threads a row), as ``features_over_threads`` resolves its knobs."""
+    r = resolve_spmm(feat, {"rows_per_block": rows_per_block, "vec": vec, "feat_tiles": feat_tiles})
+    return r["rows_per_block"], r["threads_per_row"]
 
 
 def candidate(op: str, fmt: str, feat: int, dtype: str = "float32", format_knobs=None, schedule_knobs=None) -> dict:
@@ -148,7 +148,7 @@ class Space:
         width = self.feat // tiles
         vec = k["vec"] if width % k["vec"] == 0 else 1
         k["vec"] = vec
-        k["rows_per_block"], _ = resolve_rows_per_block(k["rows_per_block"], self.feat, vec, tiles)
+        k["rows_per_block"], _ = _resolved(k["rows_per_block"], self.feat, vec, tiles)
         if fam == "csr":  # dynamic rows: slots and interleave do not apply
             k.pop("slots_per_block"), k.pop("interleave")
         else:  # fixed-width rows are unrolled fully: unroll does not apply
@@ -244,8 +244,8 @@ class Space:
             grid = SPMM_FIXED_SMALL if self.size == "small" else SPMM_FIXED
         for k in _product(grid):
             vec, tiles = k["vec"], k.get("feat_tiles", 1)
-            if self.feat % tiles or self.feat // tiles < MIN_TILE_FEATURES and tiles > 1:
-                self._prune(f"feature slices narrower than {MIN_TILE_FEATURES}")
+            if tiles not in feature_slices(self.feat):
+                self._prune(f"feat_tiles not cutting F into slices of at least {MIN_TILE_FEATURES}")
                 continue
             width = self.feat // tiles
             if width % vec:
@@ -254,7 +254,7 @@ class Space:
             if vec < 4 and width % (vec * 2) == 0 and width // (vec * 2) >= 32:
                 self._prune("narrower vec past a warp of threads a row")
                 continue
-            rpb, tx = resolve_rows_per_block(k["rows_per_block"], self.feat, vec, tiles)
+            _, tx = _resolved(k["rows_per_block"], self.feat, vec, tiles)
             if k["rows_per_block"] != "auto" and int(k["rows_per_block"]) * tx > MAX_THREADS:
                 self._prune("more than 1024 threads a block")
                 continue
