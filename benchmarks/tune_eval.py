@@ -71,53 +71,90 @@ def exhaustive(args):
               f"{d / b:.2f}x |")
 
 
-def _split_real(names):
-    """Every other real graph (sorted by name) trains; the rest are unseen. R-MAT stays out."""
-    real = sorted(n for n in names if not n.startswith("rmat"))
-    return set(real[0::2]), set(real[1::2])
+MESH_CV = 0.5  # row-length coefficient of variation below which a graph counts as a mesh
+
+
+def split_real(stats_by_name, swap=False):
+    """(train, unseen) halves of the real graphs, stratified by structure: meshes (row-length
+    CV below :data:`MESH_CV`) and power-law graphs are each sorted by name and dealt
+    alternately, so both halves hold both kinds; ``swap`` exchanges the halves."""
+    halves = (set(), set())
+    for mesh in (False, True):
+        names = sorted(n for n, st in stats_by_name.items() if (st["row_len_cv"] < MESH_CV) == mesh)
+        for i, n in enumerate(names):
+            halves[(i % 2) ^ int(swap)].add(n)
+    return halves
 
 
 def zero_shot(args):
+    """Both split directions; per unseen case, three candidates timed in one batch: the
+    model's pick over the transfer pool (what sparsec.compile uses), its pick over the whole
+    space (for comparison), and the log's tuned best timed again beside them."""
     from sparsec.tune import records as R
     from sparsec.tune.features import MatrixContext
     from sparsec.tune.model import CostModel, training_rows
     from sparsec.tune.runner import Runner
     from sparsec.tune.space import Space, candidate_id, describe
+    from sparsec.tune.transfer import transfer_pool, winning_keys
 
-    recs = [r for r in R.load(args.log) if r.op == "spmm"]
-    train, test = _split_real({r.matrix for r in recs})
-    X, y = training_rows([r for r in recs if r.matrix in train])
-    model = CostModel()
-    model.fit_arrays(X, y)
+    recs = [r for r in R.load(args.log) if r.op == "spmm" and r.dtype == "float32"]
     mats = graphs()
-    rows = []
+    real = {n: MatrixContext(m) for n, m in mats.items() if not n.startswith("rmat")}
+    logged = {r.matrix for r in recs}
+    out = {"log": args.log, "splits": []}
     with Runner(args.target, timeout_s=30.0, build_timeout_s=args.build_timeout) as runner:
-        for name in sorted(test):
-            ctx = MatrixContext(mats[name])
-            for feat in sorted({r.feat for r in recs if r.matrix == name}):
-                mine = [r for r in recs if r.matrix == name and r.feat == feat and r.status == "ok"]
-                if not mine:
-                    continue
-                tuned = min(r.time_ms for r in mine)
-                default = next((r.time_ms for r in mine if r.extra.get("default")), None)
-                space = Space("spmm", ctx.matrix, feat, stats=ctx.stats)
-                pick = space.candidates[int(np.argmax(model.predict(space.candidates, ctx)))]
-                res = runner.measure([pick], ctx.matrix)[0]
-                rows.append({"matrix": name, "feat": feat, "pick": describe(pick), "pick_id": candidate_id(pick),
-                             "pick_ms": res["time_ms"], "status": res["status"], "tuned_ms": tuned,
-                             "default_ms": default, "fraction": tuned / res["time_ms"] if res["time_ms"] else 0.0})
-                print(f"{name} F={feat}: pick {rows[-1]['pick']} {res['time_ms']} ms, tuned {tuned:.4g} ms",
-                      flush=True)
-    Path(args.out).write_text(json.dumps({"train": sorted(train), "test": sorted(test), "train_rows": int(len(y)),
-                                          "cases": rows}, indent=1))
-    fr = [r["fraction"] for r in rows]
-    print("| matrix | F | zero-shot pick | pick ms | tuned best ms | pick reaches |")
-    print("|---|---:|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['matrix']} | {r['feat']} | {r['pick']} | {r['pick_ms'] or float('nan'):.4g} | "
-              f"{r['tuned_ms']:.4g} | {100 * r['fraction']:.0f} % |")
-    print(f"trained on {sorted(train)} ({len(y)} records); unseen {sorted(test)}: mean {100 * np.mean(fr):.1f} %, "
-          f"geomean {100 * math.exp(np.mean(np.log(np.maximum(fr, 1e-9)))):.1f} %, min {100 * min(fr):.1f} %")
+        for swap in (False, True):
+            train, test = split_real({n: c.stats for n, c in real.items()}, swap)
+            train_recs = [r for r in recs if r.matrix in train or r.matrix not in real]  # + R-MAT, synthetic
+            X, y = training_rows(train_recs)
+            model = CostModel().fit_arrays(X, y)
+            keys = winning_keys(train_recs, "spmm")
+            rows = []
+            for name in sorted(test & logged):
+                ctx = real[name]
+                batch, slots = [], []
+                for feat in sorted({r.feat for r in recs if r.matrix == name}):
+                    mine = [r for r in recs if r.matrix == name and r.feat == feat and r.status == "ok"]
+                    best = min(mine, key=lambda r: r.time_ms)
+                    space = Space("spmm", ctx.matrix, feat, stats=ctx.stats)
+                    pool = transfer_pool(space, keys)
+                    picks = {"pool": pool[int(np.argmax(model.predict(pool, ctx)))],
+                             "full": space.candidates[int(np.argmax(model.predict(space.candidates, ctx)))],
+                             "tuned": {"op": "spmm", "format": best.format, "format_knobs": best.format_knobs,
+                                       "schedule_knobs": best.schedule_knobs, "feat": feat, "dtype": best.dtype}}
+                    ids = {k: candidate_id(c) for k, c in picks.items()}
+                    for c in picks.values():
+                        if candidate_id(c) not in {candidate_id(b) for b in batch}:
+                            batch.append(c)
+                    slots.append((feat, picks, ids, len(pool), len(space), best.time_ms))
+                res = dict(zip((candidate_id(c) for c in batch), runner.measure(batch, ctx.matrix)))
+                for feat, picks, ids, n_pool, n_space, logged_ms in slots:
+                    t = {k: res[i]["time_ms"] if res[i]["status"] == "ok" else None for k, i in ids.items()}
+                    row = {"matrix": name, "feat": feat, "pool_size": n_pool, "space_size": n_space,
+                           "tuned_logged_ms": logged_ms, **{f"{k}_ms": v for k, v in t.items()},
+                           **{f"{k}_pick": describe(c) for k, c in picks.items()},
+                           **{f"{k}_fraction": (t["tuned"] / t[k]) if t[k] and t["tuned"] else 0.0
+                              for k in ("pool", "full")}}
+                    rows.append(row)
+                    print(f"{name} F={feat}: pool pick {row['pool_pick']} {row['pool_fraction']:.2f}, "
+                          f"full-space pick {row['full_fraction']:.2f}", flush=True)
+            out["splits"].append({"train": sorted(train), "unseen": sorted(test), "train_rows": int(len(y)),
+                                  "extra_train": sorted({r.matrix for r in train_recs} - train), "cases": rows})
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print("| split | matrix | F | pick (transfer pool) | pool | pick / tuned best | whole-space pick / tuned |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for k, s in enumerate(out["splits"]):
+        for r in s["cases"]:
+            print(f"| {'AB'[k]} | {r['matrix']} | {r['feat']} | {r['pool_pick']} | {r['pool_size']} | "
+                  f"{100 * r['pool_fraction']:.0f} % | {100 * r['full_fraction']:.0f} % |")
+    for k, s in enumerate(out["splits"]):
+        for kind in ("pool", "full"):
+            fr = [r[f"{kind}_fraction"] for r in s["cases"]]
+            per_graph = {m: math.exp(np.mean([math.log(max(r[f"{kind}_fraction"], 1e-9)) for r in s["cases"]
+                                              if r["matrix"] == m])) for m in s["unseen"] if m in logged}
+            print(f"split {'AB'[k]} {kind}: trained on {s['train']} + {s['extra_train']} ({s['train_rows']} rows); "
+                  f"unseen cases: mean {100 * np.mean(fr):.1f} %, min {100 * min(fr):.1f} %; per graph (geomean "
+                  f"over F): " + ", ".join(f"{m} {100 * g:.0f} %" for m, g in per_graph.items()))
 
 
 def log_rows(recs, mats=None):

@@ -301,19 +301,21 @@ def test_training_rows_from_logged_records():
 
 
 def test_training_rows_extend_rows_logged_before_newer_features():
-    """Rows logged before log2_feat_tiles existed ran untiled kernels: they train as tiles = 1."""
-    from sparsec.tune.features import LEGACY_LENGTH, LEGACY_VALUES
+    """Rows logged before log2_feat_tiles existed ran untiled kernels: they train as tiles = 1,
+    with the derived columns computed from the stored ones."""
+    from sparsec.tune.features import BASE_LENGTH, LEGACY_LENGTH, LEGACY_VALUES
 
     ctx = MatrixContext(_powerlaw(100, 100, seed=7))
     cand = _cand(vec=2)
     full = [float(v) if np.isfinite(v) else None for v in feature_matrix([cand], ctx)[0]]
-    assert full[LEGACY_LENGTH:] == list(LEGACY_VALUES)
+    assert full[LEGACY_LENGTH:BASE_LENGTH] == list(LEGACY_VALUES)
     base = dict(op="spmm", format="csr", format_knobs={}, schedule_knobs={"vec": 2}, feat=64, signature=ctx.signature,
                 target="cuda", versions={}, stats=dict(ctx.stats), status="ok", time_ms=0.5)
     X, _ = training_rows([rec.Record(**base, extra={FEATURES_KEY: full[:LEGACY_LENGTH]}),
+                          rec.Record(**base, extra={FEATURES_KEY: full[:BASE_LENGTH]}),
                           rec.Record(**base, extra={FEATURES_KEY: full[:LEGACY_LENGTH - 1]})])  # unknown length: skipped
-    assert X.shape == (1, len(FEATURE_NAMES))
-    np.testing.assert_array_equal(X[0], feature_matrix([cand], ctx)[0])
+    assert X.shape == (2, len(FEATURE_NAMES))
+    np.testing.assert_allclose(X, np.repeat(feature_matrix([cand], ctx)[:1], 2, axis=0), rtol=1e-6)
 
 
 def test_spearman_is_nan_safe():

@@ -25,10 +25,12 @@ def _record_candidate(r: R.Record) -> Dict[str, Any]:
 def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32", log: Optional[str] = None
                  ) -> Tuple[Dict[str, Any], str]:
     """(candidate, source): the fastest logged record for this matrix (by content
-    signature), width, dtype and target; else the top pick of the log's model over the
-    search space; else sparsec's untuned default."""
+    signature), width, dtype and target; else the log's model's top pick among the
+    configurations that won on the logged matrices (``transfer.zero_shot_pick``); else
+    sparsec's untuned default."""
     from .features import MatrixContext
     from .space import Space
+    from .transfer import zero_shot_pick
 
     ctx = MatrixContext(matrix)
     logs = [log] if log else log_candidates(op, target)
@@ -41,8 +43,7 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
     for path in logs:
         model = _log_model(path)
         if model is not None:
-            scores = model.predict(space.candidates, ctx)
-            return space.candidates[int(scores.argmax())], "model"
+            return zero_shot_pick(model, space, ctx, R.load(path)), "model"
     return space.default, "default"
 
 

@@ -40,6 +40,7 @@ DTYPE_BYTES = {"float64": 8.0, "float32": 4.0, "float16": 2.0, "bfloat16": 2.0, 
 MAX_COARSEN = 32  # features_over_threads' cap on row groups per block for fixed-width rows
 
 _LOG_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_p50", "row_len_p90", "row_len_p99", "row_len_max")
+DERIVED_NAMES = ("log_serial_chain", "log_chain_over_mean", "log_chain_bound")
 _PLAIN_STATS = ("density", "row_len_cv", "empty_row_frac", "col_span_mean",
                 "block_fill_4", "block_fill_16", "block_fill_32")
 
@@ -61,22 +62,61 @@ FEATURE_NAMES: Tuple[str, ...] = (
     "log_work_nnz", "log_work_stored", "log_work_rows",
     # knobs added after the first H200 logs: appended, so older rows extend with LEGACY_VALUES
     "log2_feat_tiles",
+    # derived from the columns above (``derived_features``), so stored rows of any age get them
+    *DERIVED_NAMES,
 )
 LEGACY_VALUES = (0.0,)  # log2(feat_tiles = 1): rows logged before it ran untiled kernels
-LEGACY_LENGTH = len(FEATURE_NAMES) - len(LEGACY_VALUES)
+BASE_LENGTH = len(FEATURE_NAMES) - len(DERIVED_NAMES)
+LEGACY_LENGTH = BASE_LENGTH - len(LEGACY_VALUES)
+
+
+def derived_features(f: Mapping[str, float]) -> Dict[str, float]:
+    """Costs a tree model cannot form from the raw columns (it splits on one column at a
+    time, it does not multiply them), computed from those columns alone:
+
+    * ``log_serial_chain``: the longest serial chain of one thread, log(longest stored row
+      piece x feature steps a thread takes): CSR's longest row, hyb's widest bucket, ELL's
+      width. One row of 2,390 entries on a CSR kernel (as-22july06) bounds the whole
+      launch however fast the rest is; hyb cuts it at the bucket width.
+    * ``log_chain_over_mean``: that longest piece over the mean row: how unequal the
+      threads' work is.
+    * ``log_chain_bound``: log(2 x nnz x feat / serial chain), the throughput the chain
+      alone allows (per unit of step latency), on the scale of the model's target: a kernel
+      is never faster than its longest thread, on any matrix.
+    """
+    out = dict.fromkeys(DERIVED_NAMES, math.nan)
+    longest = math.expm1(f["log_row_len_max"])
+    if f["fmt_hyb"] == 1.0 and math.isfinite(f["hyb_log2_max_bucket"]):
+        longest = min(longest, 2.0 ** f["hyb_log2_max_bucket"])
+    elif f["fmt_ell"] == 1.0 and math.isfinite(f["ell_log2_width"]):
+        longest = 2.0 ** f["ell_log2_width"]
+    tiles = 2.0 ** f["log2_feat_tiles"] if math.isfinite(f["log2_feat_tiles"]) else 1.0
+    lanes = f["threads_per_row"] * f["vec"]
+    if not (math.isfinite(longest) and math.isfinite(lanes) and lanes > 0):
+        return out
+    steps = max(1.0, 2.0 ** f["log2_feat"] / tiles / lanes)
+    out["log_serial_chain"] = math.log1p(max(longest, 0.0) * steps)
+    mean = math.expm1(f["log_row_len_mean"])
+    out["log_chain_over_mean"] = math.log(max(longest, 1.0) / max(mean, 1e-9))
+    nnz = math.expm1(f["log_nnz"])
+    out["log_chain_bound"] = math.log(2.0 * max(nnz, 1.0) * 2.0 ** f["log2_feat"]) - out["log_serial_chain"]
+    return out
 
 
 def stored_row(x):
     """A feature row read back from a log or results file, with None for NaN, as a list in
-    ``FEATURE_NAMES`` order: a row stored before the newest features were added is extended
-    with the values its kernel ran with. None when the row is of no known length."""
+    ``FEATURE_NAMES`` order: a row stored before the newest knobs were added is extended
+    with the values its kernel ran with, and the derived columns are computed afresh. None
+    when the row is of no known length."""
     if not isinstance(x, list):
         return None
     if len(x) == LEGACY_LENGTH:
         x = x + list(LEGACY_VALUES)
-    if len(x) != len(FEATURE_NAMES):
+    if len(x) not in (BASE_LENGTH, len(FEATURE_NAMES)):
         return None
-    return [math.nan if v is None else v for v in x]
+    base = [math.nan if v is None else float(v) for v in x[:BASE_LENGTH]]
+    extra = derived_features(dict(zip(FEATURE_NAMES, base)))
+    return base + [extra[k] for k in DERIVED_NAMES]
 
 
 @dataclass(frozen=True)
@@ -373,6 +413,7 @@ def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str,
         f["log_work_stored"] = math.log1p(layout.stored * feat)
     f["log_work_nnz"] = math.log1p(nnz * feat)
     f["log_work_rows"] = math.log1p(ctx.rows * feat)
+    f.update(derived_features(f))
     return f
 
 
