@@ -26,6 +26,7 @@ def _load(name):
 minilm = _load("minilm")
 rmat_mod = _load("rmat")
 suites = _load("suites")
+structured = _load("structured")
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -344,3 +345,29 @@ def test_describe_small(tmp_path):
     suites.describe(tmp_path, "graphs", rmat_specs=[suites.RmatSpec("rmat-t", 8, 256, 500, 1)], file=buf)
     text = buf.getvalue()
     assert "graphs suite: 2 matrices" in text and "rmat-t" in text and "10,000" in text
+
+
+def test_structured_matrices_are_the_classes_they_name(tmp_path):
+    """Small instances of each class: meshes and regular graphs have near-constant rows,
+    Poisson graphs a CV near 1/sqrt(mean); files land outside the suite's real-graph glob."""
+    def cv(m):
+        lens = np.diff(m.indptr)
+        return lens.std() / lens.mean()
+
+    g2 = structured.grid2d(20)
+    assert g2.shape == (400, 400) and g2.nnz == 5 * 400 - 4 * 20 and np.diff(g2.indptr).max() == 5
+    pattern = (g2 != 0).astype(np.int8)
+    assert (pattern != pattern.T).nnz == 0  # a symmetric stencil
+    g3 = structured.grid3d(6)
+    assert g3.shape == (216, 216) and np.diff(g3.indptr).max() == 27
+    reg = structured.regular(500, 6)
+    assert cv(reg) == 0 and np.all(np.diff(reg.indptr) == 6)
+    geo, uni = structured.geometric(4000, 12.0), structured.uniform(4000, 8.0)
+    assert 0.15 < cv(geo) < 0.45 and 9 < geo.nnz / geo.shape[0] < 16
+    assert 0.25 < cv(uni) < 0.45
+    for m in (g2, g3, reg, geo, uni):
+        assert m.dtype == np.float32 and m.has_sorted_indices
+    assert (structured.grid2d(20) != g2).nnz == 0  # fixed seeds: the same matrix every time
+    paths = structured.write_all(tmp_path / "cache" / "structured")
+    assert set(paths) == set(structured.MATRICES)
+    assert suites.real_graphs(tmp_path / "cache", min_rows=1) == []

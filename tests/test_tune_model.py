@@ -101,6 +101,25 @@ def test_empty_matrix_features_are_finite_where_defined():
         assert f["padding_ratio"] == 1.0 and f["split_frac"] == 0.0, spec
 
 
+def test_serial_chain_is_the_longest_piece_a_thread_walks():
+    """CSR walks the longest row; hyb stops at its widest bucket; ELL walks its width; each
+    times the feature steps one thread takes (features / (threads a row x vector))."""
+    lengths = [1, 2, 3, 40] + [3] * 60
+    ctx = MatrixContext(_rows_of_lengths(lengths, cols=64))
+    csr = candidate_features(_cand("csr", feat=64, vec=4), ctx)  # 16 threads x 4: one step
+    assert csr["log_serial_chain"] == pytest.approx(np.log1p(40))
+    hyb = candidate_features(_cand("hyb", {"col_parts": 1, "buckets": "1/2/4/8"}, feat=64, vec=4), ctx)
+    assert hyb["log_serial_chain"] == pytest.approx(np.log1p(8))
+    ell = candidate_features(_cand("ell", feat=64, vec=4), ctx)
+    assert ell["log_serial_chain"] == pytest.approx(np.log1p(40))
+    sliced = candidate_features(_cand("csr", feat=512, vec=1, feat_tiles=2), ctx)  # 256 features, 256 threads
+    assert sliced["log_serial_chain"] == pytest.approx(np.log1p(40))
+    mean = ctx.nnz / ctx.rows
+    assert csr["log_chain_over_mean"] == pytest.approx(np.log(40 / mean), rel=1e-6)
+    assert csr["log_chain_bound"] == pytest.approx(np.log(2 * ctx.nnz * 64) - np.log1p(40), rel=1e-6)
+    assert hyb["log_chain_bound"] > csr["log_chain_bound"]  # the bucket cut shortens the chain
+
+
 # ------------------------------------------------------------------------ schedule features
 
 class _Recorder:
@@ -294,7 +313,8 @@ def test_training_rows_from_logged_records():
                rec.Record(**{**base, "signature": "m-ffffffffffffffff"}, status="ok", time_ms=0.1)]
     X, y = training_rows(records)
     assert X.shape == (2, len(FEATURE_NAMES))
-    np.testing.assert_array_equal(X[1], feature_matrix([cand], ctx)[0])  # newest first
+    # newest first; the derived columns are recomputed from the stored float32 values
+    np.testing.assert_allclose(X[1], feature_matrix([cand], ctx)[0], rtol=1e-6)
     assert y[1] == pytest.approx(log_throughput(cand, ctx, 0.5))
     X, y = training_rows(records, exclude_signature="m-ffffffffffffffff")
     assert len(y) == 1 and y[0] == pytest.approx(log_throughput(cand, ctx, 0.5))
