@@ -27,6 +27,7 @@ minilm = _load("minilm")
 rmat_mod = _load("rmat")
 suites = _load("suites")
 structured = _load("structured")
+lowprec = _load("lowprec")
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -371,3 +372,40 @@ def test_structured_matrices_are_the_classes_they_name(tmp_path):
     paths = structured.write_all(tmp_path / "cache" / "structured")
     assert set(paths) == set(structured.MATRICES)
     assert suites.real_graphs(tmp_path / "cache", min_rows=1) == []
+
+
+def test_prune_vectors_keeps_the_largest_column_vectors():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((10, 12)).astype(np.float32)  # 10 rows at V=4: a last partial group of 2
+    out = lowprec.prune_vectors(w, 4, 0.75)
+    groups = [(g, c) for g in range(3) for c in range(12)]
+    norms = {(g, c): np.linalg.norm(w[4 * g:4 * g + 4, c]) for g, c in groups}
+    kept = {(g, c) for g, c in groups if np.any(out[4 * g:4 * g + 4, c] != 0)}
+    assert len(kept) == lowprec.vector_keep_count(36, 0.75) == 9
+    assert min(norms[k] for k in kept) >= max(norms[k] for k in set(groups) - kept)
+    for g, c in groups:  # a vector is kept whole or dropped whole, values untouched
+        block = out[4 * g:4 * g + 4, c]
+        assert np.all(block == 0) or np.array_equal(block, w[4 * g:4 * g + 4, c])
+    assert out.dtype == np.float32 and out.shape == w.shape
+    with pytest.raises(ValueError, match="sparsity"):
+        lowprec.prune_vectors(w, 4, 1.0)
+    with pytest.raises(ValueError, match="vec"):
+        lowprec.prune_vectors(w, 3, 0.5)
+
+
+def test_lowprec_and_nm_suites_without_minilm(tmp_path, capsys):
+    shapes = {"bert-attn": (64, 48)}
+    cases = lowprec.lowprec(tmp_path, vecs=(2, 8), sparsities=(0.9,), bert_shapes=shapes)
+    assert "skip 3 MiniLM layers" in capsys.readouterr().err
+    assert [c[0] for c in cases] == ["bert-attn-v2-s90", "bert-attn-v8-s90"]
+    for _, w, v, s in cases:
+        assert w.shape == (64, 48)
+        kept = np.any(w.reshape(64 // v, v, 48) != 0, axis=1).sum()
+        assert kept == lowprec.vector_keep_count(64 // v * 48, s)
+    again = lowprec.lowprec(tmp_path, vecs=(2,), sparsities=(0.9,), bert_shapes=shapes)
+    assert np.array_equal(again[0][1], cases[0][1])  # fixed seed
+    nm_cases = lowprec.nm(tmp_path, bert_shapes=shapes)
+    assert [c[0] for c in nm_cases] == ["bert-attn-2of4", "bert-attn-1of8"]
+    for _, w, n, m in nm_cases:
+        per_window = (w.reshape(64, 48 // m, m) != 0).sum(axis=2)
+        assert per_window.max() == n and np.count_nonzero(w) == 64 * 48 * n // m
