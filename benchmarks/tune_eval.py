@@ -119,6 +119,8 @@ def zero_shot(args):
                 batch, slots = [], []
                 for feat in sorted({r.feat for r in recs if r.matrix == name}):
                     mine = [r for r in recs if r.matrix == name and r.feat == feat and r.status == "ok"]
+                    if not mine:  # every trial of the case failed: no tuned best to compare with
+                        continue
                     best = min(mine, key=lambda r: r.time_ms)
                     space = Space("spmm", ctx.matrix, feat, stats=ctx.stats)
                     pool = transfer_pool(space, keys)

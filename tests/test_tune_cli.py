@@ -122,6 +122,10 @@ def test_tuned_choices_are_applied(matrix_file, tmp_path, monkeypatch):
     saved_pick = tuned_config("spmm", other, FEAT, "llvm", log=log)[0]
     os.remove(model_path(log))  # no saved model: one is fitted on the log, the same one
     assert tuned_config("spmm", other, FEAT, "llvm", log=log) == (saved_pick, "model")
+    with open(model_path(log), "w") as f:  # a model of another sparsec: refitted, with a warning
+        json.dump({"format": "sparsec-cost-model", "version": 1, "feature_names": ["old"]}, f)
+    with pytest.warns(UserWarning, match="feature names differ.*refitting"):
+        assert tuned_config("spmm", other, FEAT, "llvm", log=log) == (saved_pick, "model")
     assert tuned_config("spmm", other, FEAT, "llvm", log=str(tmp_path / "none.jsonl"))[1] == "default"
 
     monkeypatch.setenv("SPARSEC_TUNING_LOGS", str(logs))

@@ -8,6 +8,7 @@ logs through ``sparsec.tune.lookup``, which does not depend on the compiler.)
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -33,31 +34,34 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
     from .transfer import zero_shot_pick
 
     ctx = MatrixContext(matrix)
-    logs = [log] if log else log_candidates(op, target)
+    logs = [p for p in ([log] if log else log_candidates(op, target)) if p and os.path.isfile(p)]
+    records = {path: R.load(path) for path in logs}
     for path in logs:
-        if path and os.path.isfile(path):
-            best = R.best(R.load(path), op, ctx.signature, target, feat=feat, dtype=dtype)
-            if best is not None:
-                return _record_candidate(best), "record"
+        best = R.best(records[path], op, ctx.signature, target, feat=feat, dtype=dtype)
+        if best is not None:
+            return _record_candidate(best), "record"
     space = Space(op, ctx.matrix, feat, dtype, stats=ctx.stats)
     for path in logs:
-        model = _log_model(path)
+        model = _log_model(path, records[path])
         if model is not None:
-            return zero_shot_pick(model, space, ctx, R.load(path)), "model"
+            return zero_shot_pick(model, space, ctx, records[path]), "model"
     return space.default, "default"
 
 
-def _log_model(log: Optional[str]):
-    """The model saved beside ``log``, else one fitted now on the log's measurements (about a
-    second: logs carry their feature rows), else None."""
+def _log_model(log: str, records):
+    """The model saved beside ``log``, else one fitted now on the log's ``records`` (about a
+    second: logs carry their feature rows), else None. A saved model this sparsec cannot
+    read (other feature names, a damaged file) is a stale cache: it is refitted, with a
+    warning, rather than failing the compile."""
     from .model import CostModel, training_rows
 
-    if not log or not os.path.isfile(log):
-        return None
     saved = model_path(log)
     if os.path.isfile(saved):
-        return CostModel.load(saved)
-    model = CostModel().fit_arrays(*training_rows(R.load(log)))
+        try:
+            return CostModel.load(saved)
+        except ValueError as e:
+            warnings.warn(f"{e}; refitting the model from {log}", stacklevel=3)
+    model = CostModel().fit_arrays(*training_rows(records))
     return model if model.trained else None
 
 

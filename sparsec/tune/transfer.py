@@ -3,8 +3,10 @@ that won on the logged matrices, not the whole space.
 
 Why not the whole space: it holds thousands of candidates the model never saw measured on
 anything like this matrix, and the arg-max over thousands of noisy predictions lands on
-the model's largest over-estimate (the optimiser's curse) -- on the H200 graphs log, picks
-over the whole space reached 32-56 % of the tuned best on some unseen graphs. A winning
+the model's largest over-estimate (the optimiser's curse) -- on the H200 graphs log, with
+the model trained on half of the real graphs, whole-space picks reached as little as 21 %
+of an unseen case's tuned best where the pool's picks reached 62 % at worst and 96 % on
+average (``benchmarks/tune_eval.py zero-shot``). A winning
 configuration (format family and schedule knobs) is one the model has measured doing well
 somewhere; ranking those on the new matrix asks the model only to transfer, which it does
 well (held-out Spearman 0.97). The format knobs that depend on the matrix (hyb's column
