@@ -6,6 +6,7 @@ GPU: TVM keeps their CUDA source in the module (``Kernel.source()``).
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Dict, Optional, Union
 
@@ -21,6 +22,23 @@ from .kernel import Kernel, ParamSpec
 from .lower import lower_program
 from .schedules import default_cpu, default_cuda, finalize_cuda, tensorcore
 from .targets import parse_target
+
+DEFAULT_UNROLL = "explicit"
+
+
+UNROLL_MODES = ("explicit", "pragma")
+
+
+def cuda_unroll_config(mode: Optional[str] = None) -> Dict[str, Any]:
+    """TVM pass config for the CUDA templates' unrolled loops. ``explicit`` (TVM copies the
+    loop body) or ``pragma`` (TVM emits ``#pragma unroll`` and nvcc unrolls); the mode comes
+    from ``SPARSEC_CUDA_UNROLL`` when not given. Why it matters: hyb with many parts and
+    interleaved row groups unrolls into megabytes of CUDA source when TVM copies the bodies,
+    and its build then takes a minute instead of seconds."""
+    mode = mode or os.environ.get("SPARSEC_CUDA_UNROLL") or DEFAULT_UNROLL
+    if mode not in UNROLL_MODES:
+        raise ValueError(f"SPARSEC_CUDA_UNROLL should be one of {list(UNROLL_MODES)}, got {mode!r}")
+    return {} if mode == "explicit" else {"tirx.UnrollLoop": {"explicit_unroll": False}}
 
 
 def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, CompositeInstance, None] = None, *,
@@ -74,6 +92,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         template = default_cpu if spec.kind == "llvm" else default_cuda
         used = template(sch, program, **(knobs or {}))
         mod = finalize_cuda(sch.mod, program) if spec.kind == "cuda" else sch.mod
+        if spec.kind == "cuda":
+            config = cuda_unroll_config()
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=2, config=config):
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from typing import List, Optional
 
 from .space import FAMILIES, SIZES, describe
@@ -137,6 +138,7 @@ def cmd_tune(args) -> int:
     if not cases:
         raise ValueError("nothing to tune: no matrices")
     progress = _Progress(len(cases) * args.trials)
+    started = time.perf_counter()
     try:
         results = tune_cases(
             args.op, cases, target=args.target, trials=args.trials, log=args.log, resume=args.resume,
@@ -147,6 +149,7 @@ def cmd_tune(args) -> int:
             on_trial=progress.trial, on_case=progress.case)
     finally:
         progress.close()
+    wall = time.perf_counter() - started
     rows = [summary_row(r) for r in results]
     if args.peer:
         attach_peer_times(args.op, cases, rows, args.target)
@@ -154,12 +157,24 @@ def cmd_tune(args) -> int:
     gm = geomean([r["speedup"] for r in rows if r["speedup"]])
     if gm:
         print(f"geometric mean speedup over the untuned default: {gm:.2f}x over {len(rows)} cases")
+    print(wall_line(results, wall))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"op": args.op, "target": args.target, "trials": args.trials, "cases": rows}, f, indent=1)
     if args.plot:
         plot(results, args.plot)
     return 0
+
+
+def wall_line(results, wall: float) -> str:
+    """Where the tuning time went: building and measuring (overlapped in the runner; the
+    workers' start-up falls in the first round), the model and search, and the rest
+    (reading the log and matrices, fitting the saved model)."""
+    trials = sum(len(r.search.trials) for r in results)
+    measuring = sum(r.measure_s for r in results)
+    searching = sum(r.seconds for r in results) - measuring
+    return (f"wall time {wall:.1f} s for {trials} trials: building and measuring {measuring:.1f} s, "
+            f"model and search {searching:.1f} s, other {wall - measuring - searching:.1f} s")
 
 
 def summary_row(r) -> dict:
@@ -175,7 +190,7 @@ def summary_row(r) -> dict:
         if not t.ok:
             failed[t.result.get("status")] = failed.get(t.result.get("status"), 0) + 1
     return {"matrix": r.case.name, "feat": r.case.feat, "signature": r.signature, "space": r.space_size,
-            "trials": len(s.trials), "stopped": s.stopped, "seconds": r.seconds,
+            "trials": len(s.trials), "stopped": s.stopped, "seconds": r.seconds, "measure_s": r.measure_s,
             "default_ms": default.time_ms if default and default.ok else None,
             "default": describe(default.candidate) if default else None,
             "best_ms": best.time_ms if best else None, "best": describe(best.candidate) if best else None,

@@ -143,7 +143,8 @@ class Runner:
     """Long-lived build and measure workers for one target.
 
     ``timeout_s`` bounds each candidate's measurement (check plus timing) and
-    ``build_timeout_s`` its build; ``workers`` build processes (default: the CPU count);
+    ``build_timeout_s`` its build; ``workers`` build processes (default: the CPU count),
+    with ``build_env`` added to their environment (e.g. ``SPARSEC_CUDA_UNROLL``);
     on the CPU ``number`` x ``repeat`` timed runs, of which the median of the repeats is
     reported. On a GPU with torch, candidates are timed like every benchmark contestant
     (``sparsec.bench.timing.Timer``: CUDA-graph replay over rotated copies of the inputs,
@@ -152,7 +153,7 @@ class Runner:
 
     def __init__(self, target: str = "llvm", *, timeout_s: float = 10.0, build_timeout_s: float = 120.0,
                  workers: Optional[int] = None, number: int = 10, repeat: int = 5,
-                 devices: Optional[Sequence[int]] = None):
+                 devices: Optional[Sequence[int]] = None, build_env: Optional[Dict[str, str]] = None):
         _check_positive("timeout_s", timeout_s)
         _check_positive("build_timeout_s", build_timeout_s)
         _check_positive("number", number, int)
@@ -162,11 +163,13 @@ class Runner:
         self.slots = _check_target(target, devices)
         self.target, self.timeout_s, self.build_timeout_s = target, timeout_s, build_timeout_s
         self.workers, self.number, self.repeat = workers, number, repeat
+        self.build_env = {**_BUILD_ENV, **(build_env or {})}
         self._tmp = tempfile.TemporaryDirectory(prefix="sparsec-tune-")
         self._builders: Optional[_Pool] = None
         self._measurers: Optional[_Pool] = None
         self._matrices: Dict[int, tuple] = {}  # id(matrix) -> (matrix, path): one file per matrix
         self._libs = 0
+        self.wall_s = 0.0  # seconds spent in measure(): building and measuring, overlapped
 
     def __enter__(self):
         return self
@@ -190,14 +193,16 @@ class Runner:
         matrix_path = self._matrix_path(matrix)
         if self._builders is None:
             n = self.workers or os.cpu_count() or 1
-            self._builders = _Pool([_BUILD_ENV] * n, standby=False)
-        builds = _build_all(self._builders, cands, matrix_path, self.target, self._lib_paths(len(cands)),
-                            self.build_timeout_s)
-        if self._measurers is None and any(b.get("status") == "built" for b in builds):
+            self._builders = _Pool([self.build_env] * n, standby=False)
+        if self._measurers is None:  # started now, they import while the first builds run
             envs = [{} if d is None else {"CUDA_VISIBLE_DEVICES": str(d)} for d in self.slots]
             self._measurers = _Pool(envs, standby=True)
-        return _measure_all(self._measurers, cands, builds, matrix_path, self.timeout_s, self.number,
-                            self.repeat, seed)
+        t0 = time.perf_counter()
+        results = _build_and_measure(self._builders, self._measurers, cands, matrix_path, self.target,
+                                     self._lib_paths(len(cands)), self.build_timeout_s, self.timeout_s,
+                                     self.number, self.repeat, seed)
+        self.wall_s += time.perf_counter() - t0
+        return results
 
     def _matrix_path(self, matrix) -> str:
         """The matrix as canonical CSR in one .npz that every worker loads (once per worker),
@@ -225,27 +230,29 @@ def _as_list(candidates) -> list:
     return list(candidates)
 
 
-def _build_all(pool, cands, matrix_path, target, libs, build_timeout_s) -> List[Dict[str, Any]]:
-    """Build outcomes per candidate: {"status": "built", "lib", "meta", "compile_s"} or a
-    failed result (compile_error; crash or timeout when the compiler itself died or hung),
-    which is that candidate's failure alone."""
-    payloads = [{"candidate": c, "matrix": matrix_path, "target": target, "lib": lib} for c, lib in zip(cands, libs)]
-    outs = pool.run("build", payloads, build_timeout_s)
-    return [o if o["status"] == "built" else _failed(o["status"], o.get("error"), o.get("compile_s"))
-            for o in outs]
-
-
-def _measure_all(pool, cands, builds, matrix_path, timeout_s, number, repeat, seed):
-    """Measure the built candidates, one per measuring slot at a time, and merge the build
-    failures back in candidate order."""
-    results: List[Optional[Dict[str, Any]]] = [None if b.get("status") == "built" else b for b in builds]
-    todo = [i for i, r in enumerate(results) if r is None]
-    if todo:
-        payloads = [{"candidate": cands[i], "matrix": matrix_path, "lib": builds[i]["lib"],
-                     "meta": builds[i]["meta"], "number": number, "repeat": repeat, "seed": seed}
-                    for i in todo]
-        outs = pool.run("measure", payloads, timeout_s)
-        for i, o in zip(todo, outs):
+def _build_and_measure(builders, measurers, cands, matrix_path, target, libs, build_timeout_s, timeout_s,
+                       number, repeat, seed) -> List[Dict[str, Any]]:
+    """Build every candidate on the build pool and measure each one on the measuring pool
+    as soon as its build is done, so measuring overlaps the slower builds and a round
+    takes about its slowest build plus one measurement. A failed build (compile_error;
+    crash or timeout when the compiler itself died or hung) is that candidate's result."""
+    results: List[Optional[Dict[str, Any]]] = [None] * len(cands)
+    builds: List[Optional[Dict[str, Any]]] = [None] * len(cands)
+    build = _Run(builders, "build", [{"candidate": c, "matrix": matrix_path, "target": target, "lib": lib}
+                                     for c, lib in zip(cands, libs)], build_timeout_s)
+    meas = _Run(measurers, "measure", [], timeout_s)
+    while not (build.finished and meas.finished):
+        build.dispatch()
+        meas.dispatch()
+        _wait_any(build, meas)
+        for i, o in build.collect():
+            builds[i] = o
+            if o["status"] == "built":
+                meas.add(i, {"candidate": cands[i], "matrix": matrix_path, "lib": o["lib"], "meta": o["meta"],
+                             "number": number, "repeat": repeat, "seed": seed})
+            else:
+                results[i] = _failed(o["status"], o.get("error"), o.get("compile_s"))
+        for i, o in meas.collect():
             o = dict(o)
             o["compile_s"] = builds[i]["compile_s"]
             results[i] = {k: o.get(k) for k in RESULT_KEYS}
@@ -353,53 +360,80 @@ class _Pool:
     def run(self, kind: str, payloads: Sequence[Dict[str, Any]], timeout_s: float) -> List[Dict[str, Any]]:
         """Run every payload through the task ``kind``; a task whose worker dies reads
         {"status": "crash"}, one past ``timeout_s`` {"status": "timeout"}."""
-        pending = deque(enumerate(payloads))
+        job = _Run(self, kind, payloads, timeout_s)
         results: List[Optional[Dict[str, Any]]] = [None] * len(payloads)
-        busy: Dict[_Slot, tuple] = {}  # slot -> (task index, deadline)
-        while pending or busy:
-            self._dispatch(kind, pending, busy, timeout_s)
-            self._wait(busy)
-            self._collect(busy, results)
-            self._expire(busy, results, timeout_s)
+        while not job.finished:
+            job.dispatch()
+            _wait_any(job)
+            for idx, out in job.collect():
+                results[idx] = out
         return results
 
-    def _dispatch(self, kind, pending, busy, timeout_s):
-        for s in self.slots:
-            if pending and s not in busy and s.worker.ready:
-                idx, payload = pending.popleft()
-                s.worker.conn.send((kind, payload))
-                busy[s] = (idx, time.monotonic() + timeout_s)
 
-    def _wait(self, busy):
-        """Block until a message, a death, or the nearest deadline."""
-        objs = [o for s in self.slots for w in s.workers() for o in (w.conn, w.proc.sentinel)]
-        timeout = None
-        if busy:
-            timeout = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
-        wait(objs, timeout=timeout)
+class _Run:
+    """Tasks of one kind going through one pool: queued, running (slot -> task index and
+    deadline), and finished results not yet handed out. Several runs can be driven from
+    one loop (``_wait_any``), which is how builds and measurements overlap."""
 
-    def _collect(self, busy, results):
-        for s in self.slots:
+    def __init__(self, pool: _Pool, kind: str, payloads: Sequence[Dict[str, Any]], timeout_s: float):
+        self.pool, self.kind, self.timeout_s = pool, kind, timeout_s
+        self.pending = deque(enumerate(payloads))
+        self.busy: Dict[_Slot, tuple] = {}
+        self.done: List[tuple] = []
+
+    @property
+    def finished(self) -> bool:
+        return not (self.pending or self.busy or self.done)
+
+    def add(self, idx: int, payload: Dict[str, Any]):
+        self.pending.append((idx, payload))
+
+    def dispatch(self):
+        for s in self.pool.slots:
+            if self.pending and s not in self.busy and s.worker.ready:
+                idx, payload = self.pending.popleft()
+                s.worker.conn.send((self.kind, payload))
+                self.busy[s] = (idx, time.monotonic() + self.timeout_s)
+
+    def waitables(self) -> list:
+        return [o for s in self.pool.slots for w in s.workers() for o in (w.conn, w.proc.sentinel)]
+
+    def next_deadline(self) -> Optional[float]:
+        return min((d for _, d in self.busy.values()), default=None)
+
+    def collect(self) -> List[tuple]:
+        """(task index, result) of every task that ended since the last call: a message, a
+        death (crash) or a deadline passed (timeout; the worker is killed and replaced)."""
+        for s in self.pool.slots:
             for w in s.workers():
                 msg = _poll(w)
                 if msg == "dead":
-                    if w is s.worker and s in busy:
-                        idx, _ = busy.pop(s)
-                        results[idx] = {"status": "crash", "error": _death(w.proc)}
+                    if w is s.worker and s in self.busy:
+                        idx, _ = self.busy.pop(s)
+                        self.done.append((idx, {"status": "crash", "error": _death(w.proc)}))
                     s.replace(w, kill=True)
                 elif msg is not None and msg[0] == "ready":
                     w.ready = True
-                elif msg is not None and msg[0] == "done" and s in busy:
-                    idx, _ = busy.pop(s)
-                    results[idx] = msg[1]
-
-    def _expire(self, busy, results, timeout_s):
+                elif msg is not None and msg[0] == "done" and s in self.busy:
+                    idx, _ = self.busy.pop(s)
+                    self.done.append((idx, msg[1]))
         now = time.monotonic()
-        for s, (idx, deadline) in list(busy.items()):
+        for s, (idx, deadline) in list(self.busy.items()):
             if now >= deadline:
-                busy.pop(s)
-                results[idx] = {"status": "timeout", "error": f"no result within {timeout_s:g} s; worker killed"}
+                self.busy.pop(s)
+                self.done.append((idx, {"status": "timeout",
+                                        "error": f"no result within {self.timeout_s:g} s; worker killed"}))
                 s.replace(s.worker, kill=True)
+        done, self.done = self.done, []
+        return done
+
+
+def _wait_any(*runs: _Run):
+    """Block until a message or a death in any run's pool, or the nearest deadline."""
+    objs = [o for r in runs for o in r.waitables()]
+    deadlines = [d for r in runs for d in [r.next_deadline()] if d is not None]
+    timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+    wait(objs, timeout=timeout)
 
 
 def _poll(w: _Worker):

@@ -46,6 +46,7 @@ class CaseResult:
     space_size: int
     search: SearchResult
     seconds: float
+    measure_s: float = 0.0  # of ``seconds``, the part spent building and measuring (the rest: model, search)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -137,6 +138,7 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
     default_id = candidate_id(space.default)
 
     measured = [len(resumed)]
+    measure_s = [0.0]
 
     def measure(cands):
         marked = []
@@ -144,7 +146,10 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
             fault = inject.get(measured[0])
             marked.append({**c, "inject": fault} if fault else c)
             measured[0] += 1
-        return runner.measure(marked, ctx.matrix, seed=seed)
+        t = time.perf_counter()
+        out = runner.measure(marked, ctx.matrix, seed=seed)
+        measure_s[0] += time.perf_counter() - t
+        return out
 
     def logged_trial(trial: Trial):
         x = X[row[candidate_id(trial.candidate)]]
@@ -156,7 +161,7 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
     search = Search(space, ctx, measure, trials=trials, batch=batch, epsilon=epsilon, patience=patience, seed=seed,
                     prior=prior, on_trial=logged_trial)
     result = search.run(resumed)
-    return CaseResult(case, ctx.signature, len(space), result, time.perf_counter() - t0)
+    return CaseResult(case, ctx.signature, len(space), result, time.perf_counter() - t0, measure_s[0])
 
 
 def save_log_model(log: str) -> Optional[str]:
