@@ -23,7 +23,7 @@ from .lower import lower_program
 from .schedules import default_cpu, default_cuda, finalize_cuda, tensorcore
 from .targets import parse_target
 
-DEFAULT_UNROLL = "explicit"
+DEFAULT_UNROLL = "pragma"  # measured on the H200: same kernel times (geomean 1.002), builds up to 2.5x faster
 
 
 UNROLL_MODES = ("explicit", "pragma")

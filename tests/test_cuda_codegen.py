@@ -183,3 +183,20 @@ def test_cli_emit_source_compiles_for_sm80_and_sm90a():
         jobs[arch] = (p.stdout, arch)
     for arch, (ok, log) in nvcc_many(jobs).items():
         assert ok, f"nvcc -arch={arch} on the CLI's output:\n{log[-3000:]}"
+
+
+def test_unrolled_loops_are_left_to_nvcc_unless_asked(monkeypatch):
+    """The default CUDA build marks unrolled loops with #pragma unroll (small sources, fast
+    builds); SPARSEC_CUDA_UNROLL=explicit makes TVM copy the bodies; a bad mode is named."""
+    import sparsec
+    from sparsec.build import cuda_unroll_config
+
+    knobs = {"rows_per_block": 1, "vec": 1, "slots_per_block": 128, "interleave": 1}
+    pragma = sparsec.compile("spmm", "ell:4", target="cuda:sm_90a", feat=32, knobs=knobs).source()
+    monkeypatch.setenv("SPARSEC_CUDA_UNROLL", "explicit")
+    explicit = sparsec.compile("spmm", "ell:4", target="cuda:sm_90a", feat=32, knobs=knobs).source()
+    assert "#pragma unroll" in pragma and "#pragma unroll" not in explicit
+    assert len(explicit) > 3 * len(pragma)
+    monkeypatch.setenv("SPARSEC_CUDA_UNROLL", "sideways")
+    with pytest.raises(ValueError, match="SPARSEC_CUDA_UNROLL should be one of"):
+        cuda_unroll_config()

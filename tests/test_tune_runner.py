@@ -149,3 +149,23 @@ def test_a_cuda_target_without_a_gpu_is_refused_before_any_build(monkeypatch):
     monkeypatch.setattr(sparsec.targets, "local_cuda_arch", lambda: None)
     with pytest.raises(ValueError, match="no GPU is visible here"):
         Runner("cuda:sm_90a")
+
+
+def test_submitted_candidates_come_back_as_they_finish():
+    """submit returns at once; collect(at_least=1) hands back what is done (at least one),
+    collect() the rest; measure() refuses while some are in flight."""
+    with Runner("llvm", timeout_s=HANG_TIMEOUT_S, workers=2, number=2, repeat=2) as r:
+        t0 = time.perf_counter()
+        tickets = r.submit([BAD[1], GOOD[0]], _matrix())
+        assert time.perf_counter() - t0 < 2.0 and r.in_flight == 2
+        first = r.collect(at_least=1)
+        assert len(first) >= 1 and r.in_flight == 2 - len(first)
+        if r.in_flight:
+            with pytest.raises(RuntimeError, match="collect"):
+                r.measure([GOOD[0]], _matrix())
+        got = dict(first + r.collect())
+        assert sorted(got) == sorted(tickets)
+        assert got[tickets[0]]["status"] == "timeout" and got[tickets[1]]["status"] == "ok"
+        assert r.in_flight == 0 and r.collect() == []
+        assert all(set(x) == set(RESULT_KEYS) for x in got.values())
+        assert r.measure([GOOD[0]], _matrix())[0]["status"] == "ok"  # the runner goes on

@@ -169,7 +169,12 @@ class Runner:
         self._measurers: Optional[_Pool] = None
         self._matrices: Dict[int, tuple] = {}  # id(matrix) -> (matrix, path): one file per matrix
         self._libs = 0
-        self.wall_s = 0.0  # seconds spent in measure(): building and measuring, overlapped
+        self.wall_s = 0.0  # seconds spent waiting in collect(): building and measuring, overlapped
+        self._build: Optional[_Run] = None
+        self._measure: Optional[_Run] = None
+        self._tasks: Dict[int, Dict[str, Any]] = {}  # ticket -> candidate, matrix, seed (in flight)
+        self._ready: List[tuple] = []  # (ticket, result) finished, not yet collected
+        self._next_ticket = 0
 
     def __enter__(self):
         return self
@@ -182,27 +187,85 @@ class Runner:
             if pool is not None:
                 pool.close()
         self._builders = self._measurers = None
+        self._build = self._measure = None
+        self._tasks.clear()
+        self._ready.clear()
         self._tmp.cleanup()
 
     def measure(self, candidates: Sequence[Dict[str, Any]], matrix, seed: int = 0) -> List[Dict[str, Any]]:
         """One result dict per candidate, in order. ``seed`` draws the dense inputs (the same
         for every candidate of the call, so the float64 reference is computed once)."""
+        if self._tasks:
+            raise RuntimeError("measure() waits for every submitted candidate; collect() the ones in flight first")
+        tickets = self.submit(candidates, matrix, seed)
+        done = dict(self.collect())
+        return [done[t] for t in tickets]
+
+    def submit(self, candidates: Sequence[Dict[str, Any]], matrix, seed: int = 0) -> List[int]:
+        """Queue candidates for building and measuring and return at once, one ticket each;
+        ``collect`` hands the results back as they finish. Measuring starts as soon as a
+        build is done, so a tuner can keep the builders busy while slow builds run on."""
         cands = [normalize_candidate(c, i) for i, c in enumerate(_as_list(candidates))]
         if not cands:
             return []
         matrix_path = self._matrix_path(matrix)
+        self._start()
+        tickets = []
+        for c, lib in zip(cands, self._lib_paths(len(cands))):
+            t, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._tasks[t] = {"candidate": c, "matrix": matrix_path, "seed": seed}
+            self._build.add(t, {"candidate": c, "matrix": matrix_path, "target": self.target, "lib": lib})
+            tickets.append(t)
+        return tickets
+
+    @property
+    def in_flight(self) -> int:
+        """Submitted candidates whose results have not been collected."""
+        return len(self._tasks)
+
+    def collect(self, at_least: Optional[int] = None) -> List[tuple]:
+        """(ticket, result) of finished candidates, in the order they finished: waits until
+        ``at_least`` are ready (default: every one in flight) and returns all that are."""
+        want = len(self._tasks) if at_least is None else max(0, min(int(at_least), len(self._tasks)))
+        t0 = time.perf_counter()
+        while len(self._ready) < want:
+            self._step()
+        self.wall_s += time.perf_counter() - t0
+        out, self._ready = self._ready, []
+        for t, _ in out:
+            self._tasks.pop(t)
+        return out
+
+    def _start(self):
+        """Start the pools at the first submit: builders, and measuring workers, which
+        import while the first builds run."""
         if self._builders is None:
             n = self.workers or os.cpu_count() or 1
             self._builders = _Pool([self.build_env] * n, standby=False)
-        if self._measurers is None:  # started now, they import while the first builds run
+            self._build = _Run(self._builders, "build", [], self.build_timeout_s)
+        if self._measurers is None:
             envs = [{} if d is None else {"CUDA_VISIBLE_DEVICES": str(d)} for d in self.slots]
             self._measurers = _Pool(envs, standby=True)
-        t0 = time.perf_counter()
-        results = _build_and_measure(self._builders, self._measurers, cands, matrix_path, self.target,
-                                     self._lib_paths(len(cands)), self.build_timeout_s, self.timeout_s,
-                                     self.number, self.repeat, seed)
-        self.wall_s += time.perf_counter() - t0
-        return results
+            self._measure = _Run(self._measurers, "measure", [], self.timeout_s)
+
+    def _step(self):
+        """One turn of the event loop: hand out queued tasks, wait for any worker, route
+        finished builds to measuring (or to the results, when the build failed)."""
+        self._build.dispatch()
+        self._measure.dispatch()
+        _wait_any(self._build, self._measure)
+        for t, o in self._build.collect():
+            task = self._tasks[t]
+            if o["status"] == "built":
+                task["compile_s"] = o["compile_s"]
+                self._measure.add(t, {"candidate": task["candidate"], "matrix": task["matrix"], "lib": o["lib"],
+                                      "meta": o["meta"], "number": self.number, "repeat": self.repeat,
+                                      "seed": task["seed"]})
+            else:
+                self._ready.append((t, _failed(o["status"], o.get("error"), o.get("compile_s"))))
+        for t, o in self._measure.collect():
+            o = {**o, "compile_s": self._tasks[t].get("compile_s")}
+            self._ready.append((t, {k: o.get(k) for k in RESULT_KEYS}))
 
     def _matrix_path(self, matrix) -> str:
         """The matrix as canonical CSR in one .npz that every worker loads (once per worker),
@@ -228,35 +291,6 @@ def _as_list(candidates) -> list:
     if isinstance(candidates, (str, bytes, dict)) or not hasattr(candidates, "__iter__"):
         raise ValueError(f"candidates should be a list of candidate dicts, got {type(candidates).__name__}")
     return list(candidates)
-
-
-def _build_and_measure(builders, measurers, cands, matrix_path, target, libs, build_timeout_s, timeout_s,
-                       number, repeat, seed) -> List[Dict[str, Any]]:
-    """Build every candidate on the build pool and measure each one on the measuring pool
-    as soon as its build is done, so measuring overlaps the slower builds and a round
-    takes about its slowest build plus one measurement. A failed build (compile_error;
-    crash or timeout when the compiler itself died or hung) is that candidate's result."""
-    results: List[Optional[Dict[str, Any]]] = [None] * len(cands)
-    builds: List[Optional[Dict[str, Any]]] = [None] * len(cands)
-    build = _Run(builders, "build", [{"candidate": c, "matrix": matrix_path, "target": target, "lib": lib}
-                                     for c, lib in zip(cands, libs)], build_timeout_s)
-    meas = _Run(measurers, "measure", [], timeout_s)
-    while not (build.finished and meas.finished):
-        build.dispatch()
-        meas.dispatch()
-        _wait_any(build, meas)
-        for i, o in build.collect():
-            builds[i] = o
-            if o["status"] == "built":
-                meas.add(i, {"candidate": cands[i], "matrix": matrix_path, "lib": o["lib"], "meta": o["meta"],
-                             "number": number, "repeat": repeat, "seed": seed})
-            else:
-                results[i] = _failed(o["status"], o.get("error"), o.get("compile_s"))
-        for i, o in meas.collect():
-            o = dict(o)
-            o["compile_s"] = builds[i]["compile_s"]
-            results[i] = {k: o.get(k) for k in RESULT_KEYS}
-    return results
 
 
 def _failed(status: str, error, compile_s=None) -> Dict[str, Any]:
@@ -566,16 +600,34 @@ def _precompile_cuda(kernel, cache_dir: str):
     path = os.path.join(cache_dir, f"cuda-{_source_key(code)}.bin")
     if os.path.exists(path):
         return
-    compile_fn = tvm_ffi.get_global_func(_CUDA_CALLBACK)
     try:
         with kernel.target.tvm_target():
-            binary = bytes(compile_fn(code))
+            binary = _compile_split(code)
+            if binary is None:
+                binary = bytes(tvm_ffi.get_global_func(_CUDA_CALLBACK)(code))
     except Exception:  # noqa: BLE001 - no compiler here: the loader compiles it as usual
         return
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(binary)
     os.replace(tmp, path)
+
+
+def _compile_split(code) -> Optional[bytes]:
+    """The module's CUDA compiled as TVM's loader would (same compiler, same output format),
+    with its kernels optimised in parallel threads (``--split-compile``): a hyb with dozens
+    of parts is one source with dozens of kernels, and the round waits on its build. None
+    when the compiler refuses the option (the caller then compiles as usual)."""
+    from tvm.support import nvcc
+
+    from ..targets import choose_cuda_compiler
+
+    mode = choose_cuda_compiler()
+    fmt, option = ("fatbin", "--split-compile=0") if mode == "nvcc" else ("cubin", "-split-compile=0")
+    try:
+        return bytes(nvcc.compile_cuda(code, target_format=fmt, options=[option], compiler=mode))
+    except Exception:  # noqa: BLE001 - an older compiler without the option
+        return None
 
 
 def _use_binary_cache(cache_dir: str):

@@ -119,6 +119,8 @@ class Search:
                 done.add(key)
                 res.trials.append(Trial(len(res.trials), 0, cand, result, source="resumed"))
         self._refit(res)
+        if callable(getattr(self.measure, "submit", None)) and callable(getattr(self.measure, "collect", None)):
+            return self._run_pipelined(res, done)
         rounds, stale, best = 0, 0, self._best(res)
         while len(res.trials) < self.trials:
             todo = [i for i, k in enumerate(self._ids) if k not in done]
@@ -131,10 +133,7 @@ class Search:
             results = self.measure(cands)
             for (i, pred, source), result in zip(picks, results):
                 done.add(self._ids[i])
-                t = Trial(len(res.trials), rounds, self.space.candidates[i], result, pred, source)
-                res.trials.append(t)
-                if self.on_trial:
-                    self.on_trial(t)
+                self._record(res, Trial(len(res.trials), rounds, self.space.candidates[i], result, pred, source))
             self._refit(res)
             new_best = self._best(res)
             stale = 0 if new_best < best * (1 - MIN_GAIN) else stale + 1
@@ -145,6 +144,49 @@ class Search:
         else:
             res.stopped = "trial budget"
         return res
+
+    def _run_pipelined(self, res: SearchResult, done: set) -> SearchResult:
+        """The search over a measurer that takes candidates and hands results back as they
+        finish (``submit(cands) -> tickets``, ``collect(at_least) -> [(ticket, result)]``,
+        e.g. :class:`sparsec.tune.runner.Runner`). ``batch`` candidates stay in flight: when
+        half of them are back, the model is refitted and new picks fill the free places, so
+        one slow build no longer holds a whole round. A trial is numbered in the order it
+        was picked and carries the round that picked it."""
+        in_flight: Dict[int, Tuple[int, int, Optional[float], str, int]] = {}  # ticket -> pick
+        issued, rounds, stale, best = len(res.trials), 0, 0, self._best(res)
+        stopped = None
+        while True:
+            room = min(self.batch - len(in_flight), self.trials - issued) if stopped is None else 0
+            todo = [i for i, k in enumerate(self._ids) if k not in done] if room > 0 else []
+            if room > 0 and not todo:
+                stopped = "space exhausted"
+            if todo:
+                rounds += 1
+                picks = self._pick(todo, room, done)
+                tickets = self.measure.submit([self.space.candidates[i] for i, _, _ in picks])
+                for t, (i, pred, source) in zip(tickets, picks):
+                    done.add(self._ids[i])
+                    in_flight[t] = (issued, i, pred, source, rounds)
+                    issued += 1
+            if not in_flight:
+                break
+            for t, result in self.measure.collect(at_least=max(1, min(len(in_flight), (self.batch + 1) // 2))):
+                index, i, pred, source, rnd = in_flight.pop(t)
+                self._record(res, Trial(index, rnd, self.space.candidates[i], result, pred, source))
+            self._refit(res)
+            new_best = self._best(res)
+            stale = 0 if new_best < best * (1 - MIN_GAIN) else stale + 1
+            best = min(best, new_best)
+            if stopped is None and self.patience is not None and stale >= self.patience:
+                stopped = f"no gain in {self.patience} rounds"
+        res.trials.sort(key=lambda t: t.index)
+        res.stopped = stopped or "trial budget"
+        return res
+
+    def _record(self, res: SearchResult, t: Trial):
+        res.trials.append(t)
+        if self.on_trial:
+            self.on_trial(t)
 
     # ---- internals ----------------------------------------------------------------------------
     @staticmethod

@@ -137,20 +137,7 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
     row = {candidate_id(c): i for i, c in enumerate(space.candidates)}
     default_id = candidate_id(space.default)
 
-    measured = [len(resumed)]
-    measure_s = [0.0]
-
-    def measure(cands):
-        marked = []
-        for c in cands:
-            fault = inject.get(measured[0])
-            marked.append({**c, "inject": fault} if fault else c)
-            measured[0] += 1
-        t = time.perf_counter()
-        out = runner.measure(marked, ctx.matrix, seed=seed)
-        measure_s[0] += time.perf_counter() - t
-        return out
-
+    measure = _Measurer(runner, ctx.matrix, seed, inject, first=len(resumed))
     def logged_trial(trial: Trial):
         x = X[row[candidate_id(trial.candidate)]]
         features = [None if not np.isfinite(v) else float(v) for v in x]
@@ -161,7 +148,45 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
     search = Search(space, ctx, measure, trials=trials, batch=batch, epsilon=epsilon, patience=patience, seed=seed,
                     prior=prior, on_trial=logged_trial)
     result = search.run(resumed)
-    return CaseResult(case, ctx.signature, len(space), result, time.perf_counter() - t0, measure_s[0])
+    return CaseResult(case, ctx.signature, len(space), result, time.perf_counter() - t0, measure.seconds)
+
+
+class _Measurer:
+    """What the search measures through: the runner, with the test hook's faults marked on
+    the candidates by trial number (the order they are picked in) and the time spent
+    waiting on the runner counted. It offers the runner's submit/collect when it has them,
+    so the search keeps the builders busy (``Search._run_pipelined``)."""
+
+    def __init__(self, runner, matrix, seed: int, inject: Dict[int, str], first: int):
+        self.runner, self.matrix, self.seed, self.inject = runner, matrix, seed, inject
+        self.issued, self.seconds = first, 0.0
+        if not (callable(getattr(runner, "submit", None)) and callable(getattr(runner, "collect", None))):
+            self.submit = self.collect = None  # a runner with measure() alone: rounds, in step
+
+    def _marked(self, cands):
+        out = []
+        for c in cands:
+            fault = self.inject.get(self.issued)
+            out.append({**c, "inject": fault} if fault else c)
+            self.issued += 1
+        return out
+
+    def __call__(self, cands):
+        t = time.perf_counter()
+        try:
+            return self.runner.measure(self._marked(cands), self.matrix, seed=self.seed)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def submit(self, cands):
+        return self.runner.submit(self._marked(cands), self.matrix, seed=self.seed)
+
+    def collect(self, at_least=None):
+        t = time.perf_counter()
+        try:
+            return self.runner.collect(at_least)
+        finally:
+            self.seconds += time.perf_counter() - t
 
 
 def save_log_model(log: str) -> Optional[str]:
