@@ -11,6 +11,10 @@ A candidate is a plain dict::
      "time_ms": median ms or None, "error": short message or None,
      "max_rel_err": float or None, "compile_s": float or None}
 
+``Runner.submit(candidates, matrix)`` queues candidates and returns tickets at once, and
+``Runner.collect(at_least)`` hands back (ticket, result) pairs as they finish: a tuner keeps
+the builders busy while a slow build runs on (``measure`` is submit + collect all).
+
 Why processes: generated code that reads out of bounds kills the process that runs it,
 and a bad schedule can loop forever. So building (convert + compile + export to a shared
 library) runs in a pool of spawned CPU workers, and measuring runs in other spawned
