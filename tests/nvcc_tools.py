@@ -33,3 +33,23 @@ def nvcc_sources(sources: dict) -> dict:
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     return nvcc_many({key: (src, key[-1]) for key, src in sources.items()})
+
+
+def nvcc_ptx(src: str, arch: str) -> str:
+    """The PTX nvcc emits for ``src`` (what the Tensor Core tests look for instructions in);
+    skips the test when nvcc is not on PATH."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    with tempfile.TemporaryDirectory(prefix="sparsec-ptx-") as d:
+        cu, ptx = os.path.join(d, "k.cu"), os.path.join(d, "k.ptx")
+        with open(cu, "w") as f:
+            f.write(src)
+        p = subprocess.run(["nvcc", "-ptx", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", ptx],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        with open(ptx) as f:
+            return f.read()
