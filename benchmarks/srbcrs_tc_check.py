@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""GPU check and timing of int8 SR-BCRS SpMM on Tensor Cores (schedules.srbcrs_tensorcore)
+over the ``lowprec`` suite (benchmarks/data/lowprec.py: MiniLM layers when cached, BERT-base
+shapes; V = 2/4/8 at 70/80/90/95 % sparsity) at dense dimensions N.
+
+    python benchmarks/srbcrs_tc_check.py [--quick] [--out srbcrs_tc.json]
+
+Weights are quantized per tensor to int8 (``formats.srbcrs.quantize``) and B drawn in
+int8. Every kernel runs first on poisoned outputs and must match the int64 product
+exactly; the float32 epilogue (row scales x B's scale) must match the dequantised float64
+product to 1e-5. Peers in the same process: dense cuBLAS fp16 (``torch.mm`` on the pruned
+weight) and int8 (``torch._int_mm``). Prints a table last; needs the TVM compiler on the
+GPU host (stage1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "data"))
+
+DIMS = (16, 128, 512, 1024, 2048, 4096, 8192)
+
+
+def main():
+    import torch
+
+    from lowprec import SPARSITIES, VECS, lowprec
+    from schedules import srbcrs_tensorcore as stc
+    from sparsec.bench.timing import Timer
+    from sparsec.formats import convert
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="BERT FFN-in only, 90 % sparsity, three dims")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    timer = Timer("cuda", warmup_ms=10.0, budget_ms=80.0)
+    rng = np.random.default_rng(8)
+    cases = lowprec(vecs=VECS, sparsities=(0.9,) if args.quick else SPARSITIES)
+    if args.quick:
+        cases = [c for c in cases if c[0].startswith("bert-ffn-in")]
+    dims = (512, 2048, 8192) if args.quick else DIMS
+    rows = []
+    for name, w, vec, sparsity in cases:
+        M, K = w.shape
+        scale = float(np.abs(w).max()) / 127 or 1.0
+        q = np.clip(np.round(w / scale), -127, 127)
+        inst = convert(q, f"srbcrs:v{vec},int8")
+        ip, ix = (torch.from_numpy(inst.arrays[k].astype(np.int32)).cuda() for k in ("indptr", "indices"))
+        dv = torch.from_numpy(inst.data).cuda()
+        a16 = torch.from_numpy((q * scale).astype(np.float16)).cuda()
+        a8 = torch.from_numpy(q.astype(np.int8)).cuda()
+        for n in dims:
+            b = rng.integers(-127, 128, (K, n)).astype(np.int8)
+            ref = q.astype(np.int64) @ b.astype(np.int64)
+            db = torch.from_numpy(b).cuda()
+            row = {"case": name, "V": vec, "sparsity": sparsity, "M": M, "K": K, "N": n}
+            try:
+                f = stc.build(M, K, n, vec, arch="sm_90a")["srbcrs_spmm"]
+                c = torch.full((M, n), -(2 ** 31), dtype=torch.int32, device="cuda")  # poison
+                f(ip, ix, dv, db, c)
+                torch.cuda.synchronize()
+                row["exact"] = bool(np.array_equal(c.cpu().numpy().astype(np.int64), ref))
+                fs = stc.build(M, K, n, vec, arch="sm_90a", out_dtype="float32")["srbcrs_spmm"]
+                rs = torch.full((M,), scale, dtype=torch.float32, device="cuda")
+                cf = torch.full((M, n), float("nan"), device="cuda")
+                fs(ip, ix, dv, db, cf, rs, 1.0)
+                torch.cuda.synchronize()
+                deq = ref * scale
+                row["float_rel_err"] = float(np.nan_to_num(np.abs(cf.cpu().numpy() - deq), nan=np.inf).max()
+                                             / max(np.abs(deq).max(), 1e-30))
+                if row["exact"]:
+                    row["ms"] = timer.measure([lambda: f(ip, ix, dv, db, c)]).median_ms
+            except Exception as e:  # noqa: BLE001 - reported, the rest go on
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            b16 = db.to(torch.float16)
+            row["cublas_fp16_ms"] = timer.measure([lambda: torch.mm(a16, b16)]).median_ms
+            try:
+                bt = db.t().contiguous().t()  # _int_mm wants the second operand column-major
+                row["int_mm_ms"] = timer.measure([lambda: torch._int_mm(a8, bt)]).median_ms
+            except Exception as e:  # noqa: BLE001 - _int_mm refuses some shapes (M <= 16)
+                row["int_mm_error"] = f"{type(e).__name__}: {e}"[:200]
+            rows.append(row)
+            print(f"{name} N={n}: {row.get('ms', float('nan')):.4g} ms, exact {row.get('exact')}, "
+                  f"cuBLAS fp16 {row['cublas_fp16_ms']:.4g} ms", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "cases": rows}, indent=1))
+    print("| case | N | sparsec ms | cuBLAS fp16 ms | _int_mm ms | vs fp16 | exact | float err |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    by = {}
+    for r in rows:
+        vs = r["cublas_fp16_ms"] / r["ms"] if r.get("ms") else None
+        if vs and r["N"] >= 512:
+            by.setdefault((r["V"], r["sparsity"]), []).append(vs)
+        print(f"| {r['case']} | {r['N']} | {_f(r.get('ms'))} | {_f(r['cublas_fp16_ms'])} | {_f(r.get('int_mm_ms'))} | "
+              f"{_f(vs, 'x')} | {r.get('exact')} | {_f(r.get('float_rel_err'))} |")
+    for (v, s), xs in sorted(by.items()):
+        print(f"V={v} sparsity {s:.0%}: geomean vs dense fp16 (N >= 512) "
+              f"{math.exp(sum(map(math.log, xs)) / len(xs)):.2f}x over {len(xs)} cases")
+
+
+def _f(x, unit=""):
+    return f"{x:.4g}{unit}" if x else "-"
+
+
+if __name__ == "__main__":
+    main()
