@@ -107,31 +107,32 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
                     else:
                         C[by * V + tx % 4 * 2 + i % 2, n_base + j * 16 + tx // 4 + i // 2 * 8] = acc_s32[j * 4 + i]
 
-    if scaled:
-        @T.prim_func(s_tir=True)
-        def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle,
-                        c_h: T.handle, scale_h: T.handle, b_scale: T.float32):
-            T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
-            slots = T.int32()
-            IP = T.match_buffer(indptr_h, (m_vec + 1,), "int32")
-            IX = T.match_buffer(indices_h, (slots,), "int32")
-            D = T.match_buffer(values_h, (slots * V,), "int8")
-            B = T.match_buffer(b_h, (K, N), "int8")
-            C = T.match_buffer(c_h, (M, N), out_dtype)
-            RS = T.match_buffer(scale_h, (M,), "float32")
-            body(IP, IX, D, B, C, RS, b_scale)
-        return srbcrs_spmm
-
-    @T.prim_func(s_tir=True)
-    def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle, c_h: T.handle):
-        T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
+    @T.macro
+    def operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale):
         slots = T.int32()
         IP = T.match_buffer(indptr_h, (m_vec + 1,), "int32")
         IX = T.match_buffer(indices_h, (slots,), "int32")
         D = T.match_buffer(values_h, (slots * V,), "int8")
         B = T.match_buffer(b_h, (K, N), "int8")
-        C = T.match_buffer(c_h, (M, N), "int32")
-        body(IP, IX, D, B, C, None, None)
+        C = T.match_buffer(c_h, (M, N), out_dtype)
+        if scaled:
+            RS = T.match_buffer(scale_h, (M,), "float32")
+            body(IP, IX, D, B, C, RS, b_scale)
+        else:
+            body(IP, IX, D, B, C, None, None)
+
+    if scaled:
+        @T.prim_func(s_tir=True)
+        def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle,
+                        c_h: T.handle, scale_h: T.handle, b_scale: T.float32):
+            T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
+            operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale)
+        return srbcrs_spmm
+
+    @T.prim_func(s_tir=True)
+    def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle, c_h: T.handle):
+        T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
+        operands_of(indptr_h, indices_h, values_h, b_h, c_h, None, None)
     return srbcrs_spmm
 
 

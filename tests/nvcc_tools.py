@@ -5,15 +5,22 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 
-def nvcc_compile(src: str, arch: str):
+def _nvcc(src: str, arch: str, fmt: str):
+    """(ok, compiler output, the output file's text or bytes) of ``nvcc --<fmt>``."""
     with tempfile.TemporaryDirectory(prefix="sparsec-nvcc-") as d:
-        cu, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
+        cu, out = os.path.join(d, "k.cu"), os.path.join(d, f"k.{fmt}")
         with open(cu, "w") as f:
             f.write(src)
-        p = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", cubin],
+        p = subprocess.run(["nvcc", f"--{fmt}", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", out],
                            capture_output=True, text=True, timeout=300)
-        ok = p.returncode == 0 and os.path.isfile(cubin) and os.path.getsize(cubin) > 0
-        return ok, p.stdout + p.stderr
+        ok = p.returncode == 0 and os.path.isfile(out) and os.path.getsize(out) > 0
+        content = open(out, "r" if fmt == "ptx" else "rb").read() if ok else None
+        return ok, p.stdout + p.stderr, content
+
+
+def nvcc_compile(src: str, arch: str):
+    ok, output, _ = _nvcc(src, arch, "cubin")
+    return ok, output
 
 
 def nvcc_many(jobs: dict) -> dict:
@@ -44,12 +51,6 @@ def nvcc_ptx(src: str, arch: str) -> str:
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    with tempfile.TemporaryDirectory(prefix="sparsec-ptx-") as d:
-        cu, ptx = os.path.join(d, "k.cu"), os.path.join(d, "k.ptx")
-        with open(cu, "w") as f:
-            f.write(src)
-        p = subprocess.run(["nvcc", "-ptx", f"-arch={arch}", "-O3", "-diag-suppress=177", cu, "-o", ptx],
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stdout + p.stderr
-        with open(ptx) as f:
-            return f.read()
+    ok, output, ptx = _nvcc(src, arch, "ptx")
+    assert ok, output
+    return ptx
