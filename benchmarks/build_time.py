@@ -6,15 +6,16 @@
 Builds a fixed list of SpMM candidates (the slowest builds of a 64-trial H200 run: hyb with
 many buckets and interleaved row groups; plus a plain CSR) one at a time, in this process,
 the way the tuner's build workers do (``sparsec.tune.runner``: convert, ``sparsec.compile``,
-export, device code compiled ahead), and prints the seconds of each stage. ``--unroll
-pragma`` builds with TVM's ``tirx.UnrollLoop`` leaving unrolled loops to nvcc (``#pragma
-unroll``) instead of copying their bodies: smaller sources, faster builds, kernels to be
-re-timed before it becomes the default. CPU only; no GPU needed.
+export, device code compiled ahead), and prints the seconds of each stage. ``--unroll``
+picks how unrolled loops are built (``SPARSEC_CUDA_UNROLL``): ``pragma``, the default,
+leaves them to nvcc (``#pragma unroll``); ``explicit`` has TVM copy their bodies.
+benchmarks/unroll_check.py times the kernels of both on a GPU. CPU only; no GPU needed.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -32,28 +33,8 @@ CANDIDATES = [  # (format knobs, schedule knobs, feat)
      {"interleave": 1, "rows_per_block": 1, "slots_per_block": 128, "vec": 1}, 32),
     (None, {"rows_per_block": 4, "unroll": 2, "vec": 4}, 128),
 ]
-UNROLL_CONFIG = {"explicit": {}, "pragma": {"tirx.UnrollLoop": {"explicit_unroll": False}}}
-
-
-def _with_pass_config(extra):
-    """Make every PassContext this process opens carry ``extra`` (how the build would set it)."""
-    import tvm
-
-    base = tvm.transform.PassContext
-    if not extra:
-        return base
-
-    class WithConfig(base):
-        def __init__(self, *a, config=None, **k):
-            super().__init__(*a, config={**extra, **(config or {})}, **k)
-
-    tvm.transform.PassContext = WithConfig
-    return base
-
-
 def time_builds(matrix_name: str, unroll: str):
     import scipy.sparse as sp
-    import tvm
 
     import sparsec
     from sparsec.bench.cases import load_suites_module
@@ -64,7 +45,8 @@ def time_builds(matrix_name: str, unroll: str):
     with tempfile.TemporaryDirectory() as tmp:
         mpath = str(Path(tmp) / "m.npz")
         sp.save_npz(mpath, sp.load_npz(cache / f"{matrix_name}.npz").tocsr())
-        original = _with_pass_config(UNROLL_CONFIG[unroll])
+        previous = os.environ.get("SPARSEC_CUDA_UNROLL")
+        os.environ["SPARSEC_CUDA_UNROLL"] = unroll
         try:
             for i, (fk, sk, feat) in enumerate(CANDIDATES):
                 cand = RN.normalize_candidate({"op": "spmm", "format": "hyb" if fk else "csr", "format_knobs": fk or {},
@@ -83,7 +65,10 @@ def time_builds(matrix_name: str, unroll: str):
                              "nvcc_s": t4 - t3, "source_kb": len(k.source()) / 1e3})
                 print(json.dumps(rows[-1]), flush=True)
         finally:
-            tvm.transform.PassContext = original
+            if previous is None:
+                os.environ.pop("SPARSEC_CUDA_UNROLL")
+            else:
+                os.environ["SPARSEC_CUDA_UNROLL"] = previous
     return rows
 
 

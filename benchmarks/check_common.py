@@ -57,3 +57,9 @@ def report_wrong(rows) -> int:
         print("WRONG RESULTS:", bad)
         return 1
     return 0
+
+
+def fmt(x, unit: str = "") -> str:
+    """A table cell: 4 significant digits and ``unit``, or '-' for a missing value."""
+    return f"{x:.4g}{unit}" if x else "-"
+

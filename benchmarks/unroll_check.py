@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from check_common import fmt  # noqa: E402
+from sparsec.bench.report import geomean  # noqa: E402
 
 MATRICES = ("email-Enron", "as-22july06", "pgp-strong-2009", "mdual", "cond-mat-2005", "astro-ph", "copter2")
 
@@ -70,7 +73,6 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from tune_eval import graphs
 
     recs = [r for r in R.load(args.log) if r.op == "spmm" and r.dtype == "float32"]
@@ -89,8 +91,7 @@ def main():
             e, p = passes["explicit"][key], passes["pragma"][key]
             per.append({"candidate": c, "explicit": e, "pragma": p, "explicit_again": drift.get(key)})
         both = [x for x in per if x["explicit"]["status"] == "ok" and x["pragma"]["status"] == "ok"]
-        ratio = math.exp(statistics.mean(math.log(x["pragma"]["time_ms"] / x["explicit"]["time_ms"]) for x in both)) \
-            if both else None
+        ratio = geomean(x["pragma"]["time_ms"] / x["explicit"]["time_ms"] for x in both)
         best = {m: min((x[m]["time_ms"] for x in per if x[m]["status"] == "ok"), default=None)
                 for m in ("explicit", "pragma")}
         again = per[0]["explicit_again"]
@@ -108,17 +109,12 @@ def main():
         b = {m: r["build_s"][m] or [0.0] for m in r["build_s"]}
         if r["pragma_over_explicit"]:
             ratios.append(r["pragma_over_explicit"])
-        print(f"| {r['matrix']} | {r['feat']} | {len(r['candidates'])} | {_f(r['best_explicit_ms'])} | "
-              f"{_f(r['best_pragma_ms'])} | {_f(r['fastest_explicit_again_ms'])} | {_f(r['pragma_over_explicit'], 3)} | "
+        print(f"| {r['matrix']} | {r['feat']} | {len(r['candidates'])} | {fmt(r['best_explicit_ms'])} | "
+              f"{fmt(r['best_pragma_ms'])} | {fmt(r['fastest_explicit_again_ms'])} | {fmt(r['pragma_over_explicit'])} | "
               f"{statistics.median(b['explicit']):.1f} / {max(b['explicit']):.1f} | "
               f"{statistics.median(b['pragma']):.1f} / {max(b['pragma']):.1f} |")
     if ratios:
-        print(f"pragma/explicit kernel time, geomean over {len(ratios)} cases: "
-              f"{math.exp(statistics.mean(math.log(x) for x in ratios)):.3f}")
-
-
-def _f(x, digits=4):
-    return f"{x:.{digits}g}" if x else "-"
+        print(f"pragma/explicit kernel time, geomean over {len(ratios)} cases: {geomean(ratios):.3f}")
 
 
 if __name__ == "__main__":

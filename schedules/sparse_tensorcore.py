@@ -14,21 +14,16 @@ shared memory (ldmatrix.trans) comes next.
 """
 from __future__ import annotations
 
-from typing import Dict
+from .warp_mma import check_choice, check_knobs, check_sizes, compile_for
 
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 KNOBS = {"warp_n_tiles": (2, 1, 4, 8), "warps": (4, 1, 2, 8)}
 
 
 def check(M: int, K: int, N: int, dtype: str, warp_n_tiles: int, warps: int):
-    for name, v in (("M", M), ("K", K), ("N", N)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} should be a positive int, got {v!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"2:4 Tensor Core SpMM takes {sorted(DTYPES)} values, got {dtype!r}")
-    for name, v in (("warp_n_tiles", warp_n_tiles), ("warps", warps)):
-        if v not in KNOBS[name]:
-            raise ValueError(f"{name} should be one of {sorted(KNOBS[name])}, got {v!r}")
+    check_sizes(M=M, K=K, N=N)
+    check_choice("dtype", dtype, sorted(DTYPES))
+    check_knobs({"warp_n_tiles": warp_n_tiles, "warps": warps}, KNOBS)
 
 
 def spmm_24(M: int, K: int, N: int, *, dtype: str = "float16", warp_n_tiles: int = 2, warps: int = 4):
@@ -103,16 +98,4 @@ def spmm_24(M: int, K: int, N: int, *, dtype: str = "float16", warp_n_tiles: int
 
 def build(M: int, K: int, N: int, *, arch: str = "sm_90a", **knobs):
     """The compiled module (TVM executable) of :func:`spmm_24` for ``arch``."""
-    import tvm
-
-    func = spmm_24(M, K, N, **knobs)
-    return tvm.compile(func, target=tvm.target.Target({"kind": "cuda", "arch": arch}))
-
-
-def cuda_source(ex) -> str:
-    """The CUDA source TVM keeps in the module (compiled when the module is loaded)."""
-    return ex.mod.imports[0].inspect_source("cuda")
-
-
-def default_knobs() -> Dict[str, int]:
-    return {k: v[0] for k, v in KNOBS.items()}
+    return compile_for(spmm_24(M, K, N, **knobs), arch)

@@ -19,26 +19,20 @@ gathered from global memory (staging it in shared memory one step ahead comes ne
 """
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
+from .warp_mma import check_choice, check_knobs, check_sizes, compile_for
+
+VECS = (2, 4, 8)
 OUT_DTYPES = ("int32", "float32", "float16")
 KNOBS = {"warp_n_tiles": (2, 1, 4), "warps": (4, 1, 2, 8)}
-STRIDE = 16  # SR-BCRS int8 chunk: 16 slots
 
 
 def check(M: int, K: int, N: int, vec: int, out_dtype: str, warp_n_tiles: int, warps: int):
-    for name, v in (("M", M), ("K", K), ("N", N)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} should be a positive int, got {v!r}")
-    if vec not in (2, 4, 8):
-        raise ValueError(f"vec (V) should be 2, 4 or 8, got {vec!r}")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype should be one of {list(OUT_DTYPES)}, got {out_dtype!r}")
-    for name, v in (("warp_n_tiles", warp_n_tiles), ("warps", warps)):
-        if v not in KNOBS[name]:
-            raise ValueError(f"{name} should be one of {sorted(KNOBS[name])}, got {v!r}")
+    check_sizes(M=M, K=K, N=N)
+    check_choice("vec (V)", vec, VECS)
+    check_choice("out_dtype", out_dtype, OUT_DTYPES)
+    check_knobs({"warp_n_tiles": warp_n_tiles, "warps": warps}, KNOBS)
 
 
 def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int32", warp_n_tiles: int = 2,
@@ -137,14 +131,8 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
 
 
 def build(M: int, K: int, N: int, vec: int, *, arch: str = "sm_90a", **knobs):
-    import tvm
-
-    func = spmm_srbcrs_int8(M, K, N, vec, **knobs)
-    return tvm.compile(func, target=tvm.target.Target({"kind": "cuda", "arch": arch}))
-
-
-def default_knobs() -> Dict[str, int]:
-    return {k: v[0] for k, v in KNOBS.items()}
+    """The compiled module (TVM executable) of :func:`spmm_srbcrs_int8` for ``arch``."""
+    return compile_for(spmm_srbcrs_int8(M, K, N, vec, **knobs), arch)
 
 
 # ---- the layout, spelled out and replayed on the CPU --------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from formats import mma_sp
 from nvcc_tools import nvcc_ptx, nvcc_sources
 from schedules import sparse_tensorcore as stc
+from schedules.warp_mma import cuda_source
 
 
 def _two_four(rows, cols, seed, empty_rows=(), dense_row=None):
@@ -80,20 +81,20 @@ def test_the_lane_layout_is_what_the_kernel_reads():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_kernel_emits_sparse_mma_in_ptx_for_hopper_and_ampere(dtype):
-    src = stc.cuda_source(stc.build(37, 70, 13, dtype=dtype, arch="sm_90a"))
+    src = cuda_source(stc.build(37, 70, 13, dtype=dtype, arch="sm_90a"))
     kind = "f16" if dtype == "float16" else "bf16"
     instr = f"mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{kind}.{kind}.f32"
     assert instr in src
     ptx = nvcc_ptx(src, "sm_90a")
     assert ptx.count(instr) == 2  # one per column tile of the warp (warp_n_tiles=2)
-    sm80 = stc.cuda_source(stc.build(37, 70, 13, dtype=dtype, arch="sm_80", warp_n_tiles=4, warps=2))
+    sm80 = cuda_source(stc.build(37, 70, 13, dtype=dtype, arch="sm_80", warp_n_tiles=4, warps=2))
     results = nvcc_sources({("hopper", "sm_90a"): src, ("ampere", "sm_80"): sm80})
     assert all(ok for ok, _ in results.values()), results
 
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"M": 0}, "M should be a positive int"),
-    ({"dtype": "float32"}, "takes .* values, got 'float32'"),
+    ({"dtype": "float32"}, "dtype should be one of \\['bfloat16', 'float16'\\], got 'float32'"),
     ({"warp_n_tiles": 3}, "warp_n_tiles should be one of"),
     ({"warps": 16}, "warps should be one of"),
 ])

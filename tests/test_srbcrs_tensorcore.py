@@ -9,6 +9,7 @@ import scipy.sparse as sp
 
 from nvcc_tools import nvcc_ptx, nvcc_sources
 from schedules import srbcrs_tensorcore as stc
+from schedules.warp_mma import cuda_source
 from sparsec.formats import convert
 
 INSTR = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
@@ -48,17 +49,17 @@ def test_operands_are_one_aligned_word_of_a_chunk_row():
 
 @pytest.mark.parametrize("out_dtype", ["int32", "float32", "float16"])
 def test_kernel_emits_integer_mma_for_hopper_and_ampere(out_dtype):
-    src = stc.build(37, 70, 13, 4, out_dtype=out_dtype, arch="sm_90a").mod.imports[0].inspect_source("cuda")
+    src = cuda_source(stc.build(37, 70, 13, 4, out_dtype=out_dtype, arch="sm_90a"))
     assert INSTR in src
     assert nvcc_ptx(src, "sm_90a").count(INSTR) == 2  # warp_n_tiles = 2
     sm80 = stc.build(100, 300, 33, 8, out_dtype=out_dtype, arch="sm_80", warp_n_tiles=4, warps=2)
     results = nvcc_sources({("hopper", "sm_90a"): src,
-                            ("ampere", "sm_80"): sm80.mod.imports[0].inspect_source("cuda")})
+                            ("ampere", "sm_80"): cuda_source(sm80)})
     assert all(ok for ok, _ in results.values()), results
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"vec": 3}, "vec .V. should be 2, 4 or 8"),
+    ({"vec": 3}, r"vec \(V\) should be one of \[2, 4, 8\], got 3"),
     ({"out_dtype": "bfloat16"}, "out_dtype should be one of"),
     ({"warp_n_tiles": 8}, "warp_n_tiles should be one of"),
     ({"K": -1}, "K should be a positive int"),

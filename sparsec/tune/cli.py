@@ -17,6 +17,7 @@ import sys
 import time
 from typing import List, Optional
 
+from ..bench.report import geomean
 from .space import FAMILIES, SIZES, describe
 
 
@@ -196,11 +197,6 @@ def summary_row(r) -> dict:
             "best_ms": best.time_ms if best else None, "best": describe(best.candidate) if best else None,
             "best_candidate": best.candidate if best else None, "default_candidate": default.candidate if default else None,
             "speedup": r.speedup, "families": fams, "failed": failed}
-
-
-def geomean(xs) -> Optional[float]:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def format_table(rows) -> str:

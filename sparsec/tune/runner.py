@@ -173,7 +173,6 @@ class Runner:
         self._measurers: Optional[_Pool] = None
         self._matrices: Dict[int, tuple] = {}  # id(matrix) -> (matrix, path): one file per matrix
         self._libs = 0
-        self.wall_s = 0.0  # seconds spent waiting in collect(): building and measuring, overlapped
         self._build: Optional[_Run] = None
         self._measure: Optional[_Run] = None
         self._tasks: Dict[int, Dict[str, Any]] = {}  # ticket -> candidate, matrix, seed (in flight)
@@ -231,10 +230,8 @@ class Runner:
         """(ticket, result) of finished candidates, in the order they finished: waits until
         ``at_least`` are ready (default: every one in flight) and returns all that are."""
         want = len(self._tasks) if at_least is None else max(0, min(int(at_least), len(self._tasks)))
-        t0 = time.perf_counter()
         while len(self._ready) < want:
             self._step()
-        self.wall_s += time.perf_counter() - t0
         out, self._ready = self._ready, []
         for t, _ in out:
             self._tasks.pop(t)
@@ -246,11 +243,11 @@ class Runner:
         if self._builders is None:
             n = self.workers or os.cpu_count() or 1
             self._builders = _Pool([self.build_env] * n, standby=False)
-            self._build = _Run(self._builders, "build", [], self.build_timeout_s)
+            self._build = _Run(self._builders, "build", self.build_timeout_s)
         if self._measurers is None:
             envs = [{} if d is None else {"CUDA_VISIBLE_DEVICES": str(d)} for d in self.slots]
             self._measurers = _Pool(envs, standby=True)
-            self._measure = _Run(self._measurers, "measure", [], self.timeout_s)
+            self._measure = _Run(self._measurers, "measure", self.timeout_s)
 
     def _step(self):
         """One turn of the event loop: hand out queued tasks, wait for any worker, route
@@ -373,7 +370,8 @@ class _Slot:
 
 
 class _Pool:
-    """Long-lived spawned workers, one task at a time per slot, with per-task deadlines."""
+    """Long-lived spawned workers, one slot per worker (and its spare); the tasks and their
+    deadlines are tracked by a :class:`_Run`."""
 
     def __init__(self, envs: Sequence[Dict[str, str]], standby: bool):
         ctx = multiprocessing.get_context("spawn")
@@ -385,27 +383,9 @@ class _Pool:
             self.close()
             raise
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def close(self):
         for s in self.slots:
             s.close()
-
-    def run(self, kind: str, payloads: Sequence[Dict[str, Any]], timeout_s: float) -> List[Dict[str, Any]]:
-        """Run every payload through the task ``kind``; a task whose worker dies reads
-        {"status": "crash"}, one past ``timeout_s`` {"status": "timeout"}."""
-        job = _Run(self, kind, payloads, timeout_s)
-        results: List[Optional[Dict[str, Any]]] = [None] * len(payloads)
-        while not job.finished:
-            job.dispatch()
-            _wait_any(job)
-            for idx, out in job.collect():
-                results[idx] = out
-        return results
 
 
 class _Run:
@@ -413,9 +393,9 @@ class _Run:
     deadline), and finished results not yet handed out. Several runs can be driven from
     one loop (``_wait_any``), which is how builds and measurements overlap."""
 
-    def __init__(self, pool: _Pool, kind: str, payloads: Sequence[Dict[str, Any]], timeout_s: float):
+    def __init__(self, pool: _Pool, kind: str, timeout_s: float):
         self.pool, self.kind, self.timeout_s = pool, kind, timeout_s
-        self.pending = deque(enumerate(payloads))
+        self.pending: deque = deque()  # (task index, payload)
         self.busy: Dict[_Slot, tuple] = {}
         self.done: List[tuple] = []
 

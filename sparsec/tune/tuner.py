@@ -138,6 +138,7 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
     default_id = candidate_id(space.default)
 
     measure = _Measurer(runner, ctx.matrix, seed, inject, first=len(resumed))
+
     def logged_trial(trial: Trial):
         x = X[row[candidate_id(trial.candidate)]]
         features = [None if not np.isfinite(v) else float(v) for v in x]
