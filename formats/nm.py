@@ -88,7 +88,7 @@ NAME = "nm"
 DESCRIPTION = ("N:M structured sparsity along columns: N slots per window of M columns "
                "(element-wise or V-row vectors; 2:4 also in mma.sp layout)")
 
-VECTOR_SIZES = (1, 2, 4, 8, 16, 32)
+VECTOR_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # 64 and 128: one Tensor Core block tile shares a pattern
 MAX_M = 256
 
 # ---------------------------------------------------------------- parameters

@@ -84,7 +84,7 @@ def test_bad_specs(spec, match):
 
 def test_keyword_errors():
     with pytest.raises(ValueError, match="vec should be one of"):
-        make_format("nm", n=1, m=4, vec=64)
+        make_format("nm", n=1, m=4, vec=48)
     with pytest.raises(ValueError, match="integer"):
         make_format("nm", n=True, m=4)
 

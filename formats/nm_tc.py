@@ -1,0 +1,78 @@
+"""Vector-wise N:M in the layout the gathered Tensor Core SpMM reads (schedules.tc_pipeline).
+
+A row vector of V consecutive rows shares one set of at most N kept columns in every window
+of M columns (NM-SpMM's vector-wise N:M). Stored as:
+
+* ``cols`` (Mp / V, Kc) int32: per row vector, the kept columns of window 0, then window 1,
+  ... (N per window, increasing inside a window; a window with fewer than N kept columns
+  is padded with other columns of the window, whose values are 0), then zeros up to Kc;
+* ``values`` (Mp, Kc) float16/bfloat16: row r's values at its vector's ``cols``.
+
+Mp is M rounded up to V and Kc = ceil(K / M) * N rounded up to 16, so a kernel walks Kc in
+whole steps of 16 and loads 8 values at once. ``values @ B[cols]`` per vector is the
+product, which is why only N/M of B's rows are ever read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+KC_ALIGN = 16
+
+
+def _check(dense, n: int, m: int, vec: int):
+    if dense.ndim != 2:
+        raise ValueError(f"the weight should be a 2-D matrix, got shape {dense.shape}")
+    for name, v in (("n", n), ("m", m), ("vec", vec)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} should be a positive int, got {v!r}")
+    if n > m:
+        raise ValueError(f"N={n} should not exceed M={m}")
+
+
+def pack(dense, *, n: int, m: int, vec: int, dtype: str = "float16"):
+    """``(values, cols)`` of a vector-wise N:M matrix (zeros where pruned); ValueError naming
+    the row vector and window where more than N columns are used."""
+    dense = np.asarray(dense)
+    _check(dense, n, m, vec)
+    rows, k = dense.shape
+    mp = -(-rows // vec) * vec
+    nw = -(-k // m)
+    padded = np.zeros((mp, nw * m), dtype=dense.dtype)
+    padded[:rows, :k] = dense
+    used = (padded != 0).reshape(mp // vec, vec, nw, m).any(axis=1)  # (vectors, windows, m)
+    count = used.sum(axis=2)
+    if (count > n).any():
+        rv, w = np.argwhere(count > n)[0]
+        raise ValueError(f"row vector {rv} (rows {rv * vec}..{rv * vec + vec - 1}) uses {count[rv, w]} columns "
+                         f"in window {w} (columns {w * m}..{w * m + m - 1}), more than N={n} of M={m}")
+    # kept offsets first (increasing), then the unused ones: the first N are the slots
+    order = np.argsort(~used, axis=2, kind="stable")[:, :, :n]
+    cols = (np.arange(nw)[None, :, None] * m + order).reshape(mp // vec, nw * n)
+    cols = np.minimum(cols, k - 1)  # a partial last window pads with in-range columns (value 0)
+    kc = -(-(nw * n) // KC_ALIGN) * KC_ALIGN
+    cols_p = np.zeros((mp // vec, kc), dtype=np.int32)
+    cols_p[:, : nw * n] = cols
+    gathered = np.take_along_axis(padded[:, :k].reshape(mp // vec, vec, k), cols[:, None, :].repeat(vec, 1), axis=2)
+    slot_used = np.take_along_axis(used, order, axis=2).reshape(mp // vec, 1, nw * n)
+    values = np.zeros((mp, kc), dtype=dtype)
+    values[:, : nw * n] = np.where(slot_used, gathered, 0).reshape(mp, nw * n).astype(dtype)
+    return values, cols_p
+
+
+def unpack(values, cols, shape, vec: int) -> np.ndarray:
+    """The dense float64 matrix ``pack`` was given (for checks)."""
+    rows, k = shape
+    out = np.zeros((values.shape[0], k + 1))
+    for rv in range(cols.shape[0]):
+        r = slice(rv * vec, rv * vec + vec)
+        np.add.at(out[r], (slice(None), cols[rv]), values[r].astype(np.float64))
+    return out[:rows, :k]
+
+
+def prune(w, *, n: int, m: int, vec: int) -> np.ndarray:
+    """``w`` with all but the N columns of largest L1 norm over each row vector zeroed in
+    every window of M (``formats.nm.prune``'s vector-wise rule)."""
+    from formats import nm
+
+    _, keep = nm.prune(np.asarray(w, dtype=np.float32), n=n, m=m, vec=vec)
+    return np.where(keep, w, 0).astype(np.asarray(w).dtype)

@@ -1,0 +1,329 @@
+"""Pipelined Tensor Core SpMM ``C = A @ B`` for weights whose rows share their K positions
+tile by tile, in two modes:
+
+* ``"sp24"``: A 2:4-sparse (``formats.mma_sp.pack``: compressed values (Mp, Kp/2), metadata
+  (Mp/16, Kp/32, 16) uint32), ``mma.sp::ordered_metadata`` m16n8k32: B's rows are read in
+  order and the hardware skips the pruned half of the math;
+* ``"gather"``: A vector-wise N:M (``formats.nm_tc.pack``: values (Mp, Kc), cols (Mp/V, Kc)),
+  dense ``mma`` m16n8k16 on the B rows at the row vector's kept columns, so only N/M of B
+  is loaded and multiplied.
+
+Schedule (CUTLASS's multistage GEMM, written out in TVMScript): a block owns
+``16*warp_m_tiles*warps_m`` rows x ``8*warp_n_tiles*warps_n`` columns of C; each stage copies
+``k_steps`` MMA k-steps of A (and metadata) and of B into shared memory with 16-byte
+``cp.async`` (rows out of range zero-filled), ``stages - 1`` stages ahead of the math.
+Shared rows are XOR-swizzled by 16-byte chunk, so both the copies and the ``ldmatrix``
+reads (A plain, B ``.trans``) are free of bank conflicts. Accumulators are fp32; C is
+float32 or float16. B's row pitch must be 16-byte aligned for ``cp.async``; when N is not a
+multiple of 8 the B tiles are copied element by element instead (correct, slower).
+"""
+from __future__ import annotations
+
+from .warp_mma import check_choice, check_knobs, check_sizes, compile_for
+
+MODES = ("sp24", "gather")
+DTYPES = {"float16": "f16", "bfloat16": "bf16"}
+OUT_DTYPES = ("float32", "float16")
+KNOBS = {
+    "warps_m": (2, 1, 4),
+    "warps_n": (2, 1, 4),
+    "warp_m_tiles": (4, 1, 2),
+    "warp_n_tiles": (4, 2, 8),
+    "k_steps": (2, 4),  # even: fragments alternate between two register sets
+    "stages": (3, 2, 4),
+}
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory a Hopper block may use
+
+
+def block_shape(knobs) -> tuple:
+    """(rows, columns) of C one block computes."""
+    return 16 * knobs["warp_m_tiles"] * knobs["warps_m"], 8 * knobs["warp_n_tiles"] * knobs["warps_n"]
+
+
+def _swizzle(row, chunk, chunks: int):
+    """Physical 16-byte chunk of logical ``chunk`` in a shared row of ``chunks`` chunks: 8
+    consecutive rows read at one logical chunk land in 8 different bank groups."""
+    if chunks >= 8:
+        return chunk ^ (row % 8)
+    if chunks == 4:
+        return chunk ^ (row // 2 % 4)
+    if chunks == 2:
+        return chunk ^ (row // 4 % 2)
+    return chunk
+
+
+def smem_bytes(mode: str, knobs) -> int:
+    bm, bn = block_shape(knobs)
+    ks, st = knobs["k_steps"], knobs["stages"]
+    bk = (32 if mode == "sp24" else 16) * ks
+    per_stage = bk * bn * 2 + bm * 16 * ks * 2 + (bm // 16 * ks * 64 if mode == "sp24" else 0)
+    return per_stage * st
+
+
+def check(mode, M, K, N, dtype, out_dtype, vec, knobs):
+    check_choice("mode", mode, MODES)
+    check_sizes(M=M, K=K, N=N)
+    check_choice("dtype", dtype, sorted(DTYPES))
+    check_choice("out_dtype", out_dtype, OUT_DTYPES)
+    check_knobs(knobs, KNOBS)
+    bm, _ = block_shape(knobs)
+    if mode == "gather":
+        check_sizes(vec=vec)
+        if vec % bm:
+            raise ValueError(f"the row vector (V={vec}) should be a multiple of the block's rows "
+                             f"(16 x warp_m_tiles x warps_m = {bm}): a block gathers one vector's columns")
+        if knobs["warp_n_tiles"] % 2:
+            raise ValueError("warp_n_tiles should be even in gather mode (ldmatrix.x4.trans loads two n-tiles)")
+    if smem_bytes(mode, knobs) > SMEM_LIMIT:
+        raise ValueError(f"knobs {knobs} need {smem_bytes(mode, knobs)} bytes of shared memory, "
+                         f"more than {SMEM_LIMIT}")
+
+
+def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype: str = "float32",
+         vec: int = 0, kc: int = 0, **knobs):
+    """The PrimFunc ``tc_spmm(A, E, B, C)``: A the packed values, E the metadata (sp24) or
+    the gathered columns (gather: ``kc`` is their row length), B (K, N), C (M, N)."""
+    from tvm.script import tirx as T
+
+    from formats.mma_sp import padded_shape
+
+    knobs = {**{k: v[0] for k, v in KNOBS.items()}, **knobs}
+    check(mode, M, K, N, dtype, out_dtype, vec, knobs)
+    wm_, wn_, mt, nt, ks, S = (knobs[k] for k in ("warps_m", "warps_n", "warp_m_tiles", "warp_n_tiles",
+                                                  "k_steps", "stages"))
+    sp = mode == "sp24"
+    BM, BN = block_shape(knobs)
+    WM, WN = 16 * mt, 8 * nt
+    NT = 32 * wm_ * wn_
+    BK = (32 if sp else 16) * ks  # rows of B per stage
+    CB, CA = BN // 8, 2 * ks  # 16-byte chunks per shared row of B and of A
+    if sp:
+        mp, kp = padded_shape(M, K)
+        a_rows, a_cols, k_rows = mp, kp // 2, kp
+        tiles_m, tiles_k = mp // 16, kp // 32
+        e_shape, e_dtype = (tiles_m, tiles_k, 16), "uint32"
+    else:
+        check_sizes(kc=kc)
+        if kc % 16:
+            raise ValueError(f"kc (the gathered row length) should be a multiple of 16, got {kc}")
+        mp = -(-M // vec) * vec
+        a_rows, a_cols, k_rows = mp, kc, kc
+        e_shape, e_dtype = (mp // vec, kc), "int32"
+    nk = -(-k_rows // BK)
+    grid_m, grid_n = -(-M // BM), -(-N // BN)
+    b_elems = S * BK * BN
+    a_base = b_elems
+    e_base = a_base + S * BM * CA * 8
+    total = e_base + (S * (BM // 16) * ks * 32 if sp else 0)
+    b_it = -(-BK * CB // NT)
+    a_it = -(-BM * CA // NT)
+    e_it = -(-(BM // 16) * ks * 4 // NT)
+    aligned = N % 8 == 0
+    ty_ = DTYPES[dtype]
+    cp = T.ptx["cp.async.cg.shared.global"]
+    commit = T.ptx["cp.async.commit_group"]
+    wait = T.ptx["cp.async.wait_group"]
+    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
+    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
+    mma_sp = T.ptx[f"mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{ty_}.{ty_}.f32"]
+    mma = T.ptx[f"mma.sync.aligned.m16n8k16.row.col.f32.{ty_}.{ty_}.f32"]
+    zero = T.float16(0) if dtype == "float16" else T.bfloat16(0)
+
+    def sw_b(r, c):
+        return _swizzle(r, c, CB)
+
+    def sw_a(r, c):
+        return _swizzle(r, c, CA)
+
+    def b_source(E, bm0, kk):
+        """(row of B, in range) for shared row ``kk`` of the K walk: in order for sp24,
+        the row vector's gathered column for gather."""
+        if sp:
+            return T.min(kk, K - 1), T.And(kk < k_rows, kk < K)
+        return E[bm0 // vec, T.min(kk, k_rows - 1)], kk < k_rows
+
+    @T.macro
+    def load_b(Sm, B, E, nidx, bm0, bn0, q, s, tid, prefetched):
+        for it in T.unroll(b_it):
+            ch = it * NT + tid
+            if ch < BK * CB:
+                r = ch // CB
+                c = ch % CB
+                kk = q * BK + r
+                src, in_k = b_source(E, bm0, kk)
+                if prefetched:
+                    src = nidx[it]
+                ok = T.And(in_k, bn0 + c * 8 < N)
+                dst = ((s * BK + r) * CB + sw_b(r, c)) * 8
+                if aligned:
+                    cp(Sm.access_ptr("w", offset=dst, extent=8),
+                       B.access_ptr("r", offset=T.min(src, K - 1) * N + T.min(bn0 + c * 8, N - 8), extent=8),
+                       16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+                else:
+                    for e in T.unroll(8):
+                        Sm[dst + e] = T.if_then_else(T.And(ok, bn0 + c * 8 + e < N),
+                                                     B[T.min(src, K - 1), T.min(bn0 + c * 8 + e, N - 1)], zero)
+
+    @T.macro
+    def prefetch_rows(E, nidx, bm0, q, tid):
+        """gather: the B rows stage ``q`` will copy, loaded a stage early so the copy
+        does not wait for them."""
+        if not sp:
+            for it in T.unroll(b_it):
+                nidx[it] = E[bm0 // vec, T.min(q * BK + (it * NT + tid) // CB, k_rows - 1)]
+
+    @T.macro
+    def load_a(Sm, A, E, bm0, q, s, tid):
+        for it in T.unroll(a_it):
+            ch = it * NT + tid
+            if ch < BM * CA:
+                row = ch // CA
+                c = ch % CA
+                col = q * CA * 8 + c * 8
+                ok = T.And(bm0 + row < a_rows, col < a_cols)
+                cp(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
+                   A.access_ptr("r", offset=T.min(bm0 + row, a_rows - 1) * a_cols + T.min(col, a_cols - 8), extent=8),
+                   16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+        if sp:
+            for it in T.unroll(e_it):
+                ch = it * NT + tid
+                if ch < BM // 16 * ks * 4:
+                    i = ch // (ks * 4)
+                    j = ch // 4 % ks
+                    w4 = ch % 4
+                    tm = bm0 // 16 + i
+                    tk = q * ks + j
+                    ok = T.And(tm < tiles_m, tk < tiles_k)
+                    cp(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8, extent=8),
+                       E.access_ptr("r", offset=(T.min(tm, tiles_m - 1) * tiles_k + T.min(tk, tiles_k - 1)) * 16
+                                    + w4 * 4, extent=4),
+                       16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+
+    @T.macro
+    def load_frags(Sm, Sw, af, bf, ef, s, j, f, wr, wc, tx):
+        """Fragments of k-step ``j`` of shared stage ``s`` into register set ``f``."""
+        for i in T.unroll(mt):
+            row = wr + i * 16 + tx % 16
+            ldm(af[f * mt * 4 + i * 4], af[f * mt * 4 + i * 4 + 1], af[f * mt * 4 + i * 4 + 2],
+                af[f * mt * 4 + i * 4 + 3],
+                Sm.access_ptr("r", offset=a_base + ((s * BM + row) * CA + sw_a(row, j * 2 + tx // 16)) * 8, extent=8))
+            if sp:
+                ef[f * mt + i] = Sw[e_base // 2 + ((s * (BM // 16) + wr // 16 + i) * ks + j) * 16 + tx // 4 * 2
+                                    + tx % 2]
+        if sp:
+            for n in T.unroll(nt):
+                kr = j * 32 + tx
+                ldm_t(bf[f * nt * 4 + n * 4], bf[f * nt * 4 + n * 4 + 1], bf[f * nt * 4 + n * 4 + 2],
+                      bf[f * nt * 4 + n * 4 + 3],
+                      Sm.access_ptr("r", offset=((s * BK + kr) * CB + sw_b(kr, wc // 8 + n)) * 8, extent=8))
+        else:
+            for p in T.unroll(nt // 2):
+                kr = j * 16 + tx % 16
+                ldm_t(bf[f * nt * 4 + p * 4], bf[f * nt * 4 + p * 4 + 1], bf[f * nt * 4 + p * 4 + 2],
+                      bf[f * nt * 4 + p * 4 + 3],
+                      Sm.access_ptr("r", offset=((s * BK + kr) * CB + sw_b(kr, wc // 8 + p * 2 + tx // 16)) * 8,
+                                    extent=8))
+
+    @T.macro
+    def mmas(acc, af, bf, ef, f):
+        for i in T.unroll(mt):
+            for n in T.unroll(nt):
+                if sp:
+                    mma_sp(acc[(i * nt + n) * 4], acc[(i * nt + n) * 4 + 1], acc[(i * nt + n) * 4 + 2],
+                           acc[(i * nt + n) * 4 + 3],
+                           af[f * mt * 4 + i * 4], af[f * mt * 4 + i * 4 + 1], af[f * mt * 4 + i * 4 + 2],
+                           af[f * mt * 4 + i * 4 + 3],
+                           bf[f * nt * 4 + n * 4], bf[f * nt * 4 + n * 4 + 1], bf[f * nt * 4 + n * 4 + 2],
+                           bf[f * nt * 4 + n * 4 + 3],
+                           acc[(i * nt + n) * 4], acc[(i * nt + n) * 4 + 1], acc[(i * nt + n) * 4 + 2],
+                           acc[(i * nt + n) * 4 + 3], ef[f * mt + i], 0)
+                else:
+                    mma(acc[(i * nt + n) * 4], acc[(i * nt + n) * 4 + 1], acc[(i * nt + n) * 4 + 2],
+                        acc[(i * nt + n) * 4 + 3],
+                        af[f * mt * 4 + i * 4], af[f * mt * 4 + i * 4 + 1], af[f * mt * 4 + i * 4 + 2],
+                        af[f * mt * 4 + i * 4 + 3],
+                        bf[f * nt * 4 + n // 2 * 4 + n % 2 * 2], bf[f * nt * 4 + n // 2 * 4 + n % 2 * 2 + 1],
+                        acc[(i * nt + n) * 4], acc[(i * nt + n) * 4 + 1], acc[(i * nt + n) * 4 + 2],
+                        acc[(i * nt + n) * 4 + 3])
+
+    paired = N % 2 == 0
+
+    @T.prim_func(s_tir=True)
+    def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, c_h: T.handle):
+        T.func_attr({"global_symbol": "tc_spmm", "tirx.noalias": True})
+        A = T.match_buffer(a_h, (a_rows, a_cols), dtype)
+        E = T.match_buffer(e_h, e_shape, e_dtype)
+        B = T.match_buffer(b_h, (K, N), dtype)
+        C = T.match_buffer(c_h, (M, N), out_dtype)
+        bx = T.env_thread("blockIdx.x")
+        by = T.env_thread("blockIdx.y")
+        ty = T.env_thread("threadIdx.y")
+        tx = T.env_thread("threadIdx.x")
+        T.launch_thread(bx, grid_n)
+        T.launch_thread(by, grid_m)
+        T.launch_thread(ty, wm_ * wn_)
+        T.launch_thread(tx, 32)
+        Sm = T.decl_buffer([total], dtype, scope="shared.dyn")
+        Sw = T.decl_buffer([total // 2], "uint32", data=Sm.data, scope="shared.dyn")
+        acc = T.decl_buffer([mt * nt * 4], "float32", scope="local")
+        af = T.decl_buffer([2 * mt * 4], "uint32", scope="local")
+        bf = T.decl_buffer([2 * nt * 4], "uint32", scope="local")
+        ef = T.decl_buffer([2 * mt], "uint32", scope="local")
+        nidx = T.decl_buffer([b_it], "int32", scope="local")
+        pair = T.decl_buffer([2], "float32", scope="local")
+        bm0 = by * BM
+        bn0 = bx * BN
+        tid = ty * 32 + tx
+        wr = ty // wn_ * WM  # the warp's first row and column inside the block
+        wc = ty % wn_ * WN
+        for i in T.unroll(mt * nt * 4):
+            acc[i] = T.float32(0)
+        for q in T.unroll(S):
+            if q < nk:
+                load_b(Sm, B, E, nidx, bm0, bn0, q, q, tid, False)
+                load_a(Sm, A, E, bm0, q, q, tid)
+            commit()
+        prefetch_rows(E, nidx, bm0, S, tid)
+        wait(S - 1)
+        T.tvm_storage_sync("shared")
+        load_frags(Sm, Sw, af, bf, ef, 0, 0, 0, wr, wc, tx)
+        for kt in range(nk):
+            s = kt % S
+            for j in T.unroll(ks - 1):
+                load_frags(Sm, Sw, af, bf, ef, s, j + 1, (j + 1) % 2, wr, wc, tx)
+                mmas(acc, af, bf, ef, j % 2)
+            # last k-step of the stage: its fragments are in registers, so the stage's
+            # shared buffer takes stage kt + S while the next stage's first fragments load
+            wait(S - 2)
+            T.tvm_storage_sync("shared")
+            if kt + S < nk:
+                load_b(Sm, B, E, nidx, bm0, bn0, kt + S, s, tid, not sp)
+                load_a(Sm, A, E, bm0, kt + S, s, tid)
+            commit()
+            if kt + S + 1 < nk:
+                prefetch_rows(E, nidx, bm0, kt + S + 1, tid)
+            if kt + 1 < nk:
+                load_frags(Sm, Sw, af, bf, ef, (kt + 1) % S, 0, 0, wr, wc, tx)
+            mmas(acc, af, bf, ef, 1)
+        for i in T.unroll(mt):
+            for n in T.unroll(nt):
+                for hh in T.unroll(2):
+                    row = bm0 + wr + i * 16 + tx // 4 + hh * 8
+                    col = bn0 + wc + n * 8 + tx % 4 * 2
+                    if paired:
+                        if T.And(row < M, col < N):
+                            pair[0] = acc[(i * nt + n) * 4 + hh * 2]
+                            pair[1] = acc[(i * nt + n) * 4 + hh * 2 + 1]
+                            for h in T.vectorized(2):
+                                C[row, col + h] = T.Cast(out_dtype, pair[h])
+                    else:
+                        for h in T.unroll(2):
+                            if T.And(row < M, col + h < N):
+                                C[row, col + h] = T.Cast(out_dtype, acc[(i * nt + n) * 4 + hh * 2 + h])
+
+    return tc_spmm
+
+
+def build(mode: str, M: int, K: int, N: int, *, arch: str = "sm_90a", **kw):
+    """The compiled module (TVM executable) of :func:`spmm` for ``arch``."""
+    return compile_for(spmm(mode, M, K, N, **kw), arch)

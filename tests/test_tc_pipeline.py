@@ -1,0 +1,109 @@
+"""The pipelined Tensor Core SpMM (schedules.tc_pipeline) and the vector-wise N:M layout it
+gathers from (formats.nm_tc): packing gives the dense product through the gathered rows,
+the shared-memory swizzle is a conflict-free permutation, bad arguments are named, and the
+PTX nvcc emits holds cp.async, ldmatrix and the sparse / dense mma for sm_90a and sm_80.
+(The kernels themselves run on the GPU host: benchmarks/tc_check.py.)"""
+import numpy as np
+import pytest
+
+from formats import mma_sp, nm_tc
+from nvcc_tools import nvcc_ptx, nvcc_sources
+from schedules import tc_pipeline as tp
+from schedules.warp_mma import cuda_source
+
+
+def _vector_nm(rows, cols, n, m, vec, seed, empty_rows=()):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[list(empty_rows)] = 0
+    return nm_tc.prune(w, n=n, m=m, vec=vec).astype(np.float16)
+
+
+@pytest.mark.parametrize("rows, cols, n, m, vec", [
+    (128, 768, 1, 8, 128), (37, 70, 2, 8, 16), (300, 515, 1, 4, 64), (16, 32, 4, 16, 16), (5, 3, 1, 8, 128)])
+def test_gathered_rows_give_the_dense_product(rows, cols, n, m, vec):
+    a = _vector_nm(rows, cols, n, m, vec, seed=rows + cols, empty_rows=(0,))
+    values, col_idx = nm_tc.pack(a, n=n, m=m, vec=vec)
+    mp = -(-rows // vec) * vec
+    assert values.shape[0] == mp and values.shape[1] % nm_tc.KC_ALIGN == 0
+    assert col_idx.shape == (mp // vec, values.shape[1]) and col_idx.dtype == np.int32
+    assert col_idx.min() >= 0 and col_idx.max() < cols
+    assert np.array_equal(nm_tc.unpack(values, col_idx, a.shape, vec), a.astype(np.float64))
+    b = np.random.default_rng(1).standard_normal((cols, 11))
+    got = np.concatenate([values[rv * vec:(rv + 1) * vec].astype(np.float64) @ b[col_idx[rv]]
+                          for rv in range(col_idx.shape[0])])[:rows]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_only_n_of_every_m_rows_of_b_are_read():
+    a = _vector_nm(256, 4096, 1, 8, 128, seed=3)
+    values, col_idx = nm_tc.pack(a, n=1, m=8, vec=128)
+    assert values.shape[1] == 4096 // 8  # K/8 gathered rows per row vector, not K
+    assert all(len(set(c.tolist())) == 512 for c in col_idx)
+
+
+def test_a_window_with_too_many_columns_is_refused_by_position():
+    a = _vector_nm(32, 64, 1, 8, 16, seed=5)
+    a[17, 8:10] = 1.0  # row vector 1 now uses two columns of window 1
+    with pytest.raises(ValueError, match=r"row vector 1 \(rows 16..31\) uses 2 columns in window 1 \(columns 8..15\)"):
+        nm_tc.pack(a, n=1, m=8, vec=16)
+
+
+@pytest.mark.parametrize("chunks", [2, 4, 8, 16, 32])
+def test_swizzle_permutes_chunks_and_spreads_eight_rows_over_the_banks(chunks):
+    for row in range(64):
+        assert sorted(tp._swizzle(row, c, chunks) for c in range(chunks)) == list(range(chunks))
+    for r0 in range(0, 64, 8):
+        for c in range(chunks):
+            groups = {((r * chunks + tp._swizzle(r, c, chunks)) * 16) % 128 for r in range(r0, r0 + 8)}
+            assert len(groups) == 8  # one ldmatrix phase: 8 rows, 8 distinct 16-byte bank groups
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"mode": "dense"}, "mode should be one of"),
+    ({"mode": "gather", "vec": 64, "kc": 96}, r"row vector \(V=64\) should be a multiple of the block's rows"),
+    ({"mode": "gather", "vec": 128, "kc": 96, "warp_n_tiles": 2, "warps_n": 1, "warp_m_tiles": 4,
+      "warps_m": 2, "k_steps": 2, "stages": 3, "dtype": "float16", "out_dtype": "int8"}, "out_dtype should be one of"),
+    ({"mode": "gather", "vec": 128, "kc": 90}, "kc .* should be a multiple of 16"),
+    ({"k_steps": 1}, "k_steps should be one of"),
+    ({"dtype": "float32"}, "dtype should be one of"),
+    ({"M": 0}, "M should be a positive int"),
+])
+def test_bad_arguments_name_the_problem(kwargs, match):
+    args = {"mode": "sp24", "M": 256, "K": 768, "N": 64, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tp.spmm(args.pop("mode"), args.pop("M"), args.pop("K"), args.pop("N"), **args)
+
+
+def test_knobs_that_overflow_shared_memory_are_refused():
+    knobs = dict(warps_m=4, warps_n=4, warp_m_tiles=4, warp_n_tiles=8, k_steps=4, stages=4)
+    assert tp.smem_bytes("sp24", knobs) > tp.SMEM_LIMIT
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        tp.spmm("sp24", 1024, 1024, 1024, **knobs)
+
+
+@pytest.mark.parametrize("mode", ["sp24", "gather"])
+def test_ptx_holds_async_copies_ldmatrix_and_the_mma(mode):
+    kw = {} if mode == "sp24" else {"vec": 128, "kc": 96}
+    src = cuda_source(tp.build(mode, 300, 768, 200, out_dtype="float16", **kw))
+    ptx = nvcc_ptx(src, "sm_90a")
+    mma = ("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32" if mode == "sp24"
+           else "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+    per_step = tp.KNOBS["warp_m_tiles"][0] * tp.KNOBS["warp_n_tiles"][0]
+    assert ptx.count(mma) >= per_step * tp.KNOBS["k_steps"][0]  # every mma of a stage, unrolled
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    odd = cuda_source(tp.build(mode, 37, 70, 13, arch="sm_80", **({} if mode == "sp24" else {"vec": 128, "kc": 16})))
+    results = nvcc_sources({("hopper", "sm_90a"): src, ("ampere", "sm_80"): odd})
+    assert all(ok for ok, _ in results.values()), results
+
+
+def test_sp24_reads_the_mma_sp_packing():
+    """The kernel's A and metadata shapes are formats.mma_sp's padded ones."""
+    a = np.zeros((37, 70), np.float16)
+    values, meta = mma_sp.pack(a)
+    f = tp.spmm("sp24", 37, 70, 13)
+    text = f.script()
+    assert f"A: T.Buffer(({values.shape[0]}, {values.shape[1]}), \"float16\")" in text
+    assert f"E: T.Buffer(({meta.shape[0]}, {meta.shape[1]}, {meta.shape[2]}), \"uint32\")" in text
