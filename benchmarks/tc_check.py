@@ -85,6 +85,7 @@ def operands(mode, a):
         values, meta = mma_sp.pack(a)
         return (torch.from_numpy(values).cuda(), torch.from_numpy(meta.view(np.int32)).cuda().view(torch.uint32)), 0
     values, cols = nm_tc.pack(a, **GATHER)
+    nm_tc.check(values, cols, a.shape, GATHER["vec"])
     return (torch.from_numpy(values).cuda(), torch.from_numpy(cols).cuda()), values.shape[1]
 
 

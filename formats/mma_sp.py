@@ -2,9 +2,9 @@
 
 ``formats.nm`` stores a 2:4 matrix in CUTLASS's global layout (``mma_values``,
 ``mma_meta``), which CUTLASS's and PyTorch's kernels read. sparsec's own Tensor Core
-kernel (``schedules.sparse_tensorcore``) loads each lane's registers straight from
-global memory instead, so the metadata is packed here, once, into the word each lane
-hands to the instruction:
+kernel (``schedules.tc_pipeline``, mode sp24) copies tiles of these arrays into shared
+memory as they are: ``ldmatrix.x4`` hands each lane its A registers, and the metadata is
+packed here, once, into the word each lane passes to the instruction:
 
 * ``values``: (Mp, Kp/2) float16, row-major, rows padded to 16 and columns to 32 with
   zeros. Group q (columns 4q..4q+3) of row r keeps two values, in increasing column

@@ -59,6 +59,23 @@ def pack(dense, *, n: int, m: int, vec: int, dtype: str = "float16"):
     return values, cols_p
 
 
+def check(values, cols, shape, vec: int):
+    """ValueError naming the first problem of ``(values, cols)`` that would make the kernel
+    compute something else than the matrix of logical ``shape``: wrong array shapes, a
+    row length that is not a multiple of 16, or a column outside 0..K-1."""
+    rows, k = shape
+    mp = -(-rows // vec) * vec
+    if values.ndim != 2 or values.shape[0] != mp or values.shape[1] % KC_ALIGN:
+        raise ValueError(f"values should be ({mp}, a multiple of {KC_ALIGN}) for {rows} rows in vectors of {vec}, "
+                         f"got {values.shape}")
+    if cols.shape != (mp // vec, values.shape[1]):
+        raise ValueError(f"cols should be {(mp // vec, values.shape[1])} (one row per vector), got {cols.shape}")
+    bad = np.argwhere((cols < 0) | (cols >= k))
+    if bad.size:
+        rv, slot = bad[0]
+        raise ValueError(f"cols[{rv}, {slot}] = {cols[rv, slot]} is outside the {k} columns of B")
+
+
 def unpack(values, cols, shape, vec: int) -> np.ndarray:
     """The dense float64 matrix ``pack`` was given (for checks)."""
     rows, k = shape

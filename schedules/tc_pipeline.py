@@ -135,12 +135,16 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
     def sw_a(r, c):
         return _swizzle(r, c, CA)
 
-    def b_source(E, bm0, kk):
-        """(row of B, in range) for shared row ``kk`` of the K walk: in order for sp24,
-        the row vector's gathered column for gather."""
+    k_valid = K if sp else k_rows  # sp24 walks B's rows up to K; gather walks kc slots
+
+    def b_row(E, nidx, bm0, kk, it, prefetched):
+        """The row of B at step ``kk`` of the K walk: ``kk`` itself for sp24; for gather the
+        row vector's kept column, read from ``E`` or, in the loop, from ``nidx``."""
         if sp:
-            return T.min(kk, K - 1), T.And(kk < k_rows, kk < K)
-        return E[bm0 // vec, T.min(kk, k_rows - 1)], kk < k_rows
+            return kk
+        if prefetched:
+            return nidx[it]
+        return E[bm0 // vec, T.min(kk, k_rows - 1)]
 
     @T.macro
     def load_b(Sm, B, E, nidx, bm0, bn0, q, s, tid, prefetched):
@@ -150,19 +154,17 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                 r = ch // CB
                 c = ch % CB
                 kk = q * BK + r
-                src, in_k = b_source(E, bm0, kk)
-                if prefetched:
-                    src = nidx[it]
-                ok = T.And(in_k, bn0 + c * 8 < N)
+                src = T.max(T.min(b_row(E, nidx, bm0, kk, it, prefetched), K - 1), 0)
+                ok = T.And(kk < k_valid, bn0 + c * 8 < N)
                 dst = ((s * BK + r) * CB + sw_b(r, c)) * 8
                 if aligned:
                     cp(Sm.access_ptr("w", offset=dst, extent=8),
-                       B.access_ptr("r", offset=T.min(src, K - 1) * N + T.min(bn0 + c * 8, N - 8), extent=8),
+                       B.access_ptr("r", offset=src * N + T.min(bn0 + c * 8, N - 8), extent=8),
                        16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
                 else:
                     for e in T.unroll(8):
                         Sm[dst + e] = T.if_then_else(T.And(ok, bn0 + c * 8 + e < N),
-                                                     B[T.min(src, K - 1), T.min(bn0 + c * 8 + e, N - 1)], zero)
+                                                     B[src, T.min(bn0 + c * 8 + e, N - 1)], zero)
 
     @T.macro
     def prefetch_rows(E, nidx, bm0, q, tid):
@@ -297,7 +299,7 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
             wait(S - 2)
             T.tvm_storage_sync("shared")
             if kt + S < nk:
-                load_b(Sm, B, E, nidx, bm0, bn0, kt + S, s, tid, not sp)
+                load_b(Sm, B, E, nidx, bm0, bn0, kt + S, s, tid, True)
                 load_a(Sm, A, E, bm0, kt + S, s, tid)
             commit()
             if kt + S + 1 < nk:

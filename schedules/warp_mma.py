@@ -1,4 +1,4 @@
-"""What the hand-written warp-level Tensor Core kernels (``sparse_tensorcore``,
+"""What the hand-written warp-level Tensor Core kernels (``tc_pipeline``,
 ``srbcrs_tensorcore``) share: argument checks that name the bad argument, compiling a
 PrimFunc for one CUDA architecture, and reading back the CUDA source TVM keeps."""
 from __future__ import annotations

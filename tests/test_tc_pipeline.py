@@ -49,6 +49,20 @@ def test_a_window_with_too_many_columns_is_refused_by_position():
         nm_tc.pack(a, n=1, m=8, vec=16)
 
 
+def test_check_names_what_would_mislead_the_kernel():
+    a = _vector_nm(40, 64, 1, 8, 16, seed=7)
+    values, cols = nm_tc.pack(a, n=1, m=8, vec=16)
+    nm_tc.check(values, cols, a.shape, 16)
+    bad = cols.copy()
+    bad[2, 3] = 64
+    with pytest.raises(ValueError, match=r"cols\[2, 3\] = 64 is outside the 64 columns of B"):
+        nm_tc.check(values, bad, a.shape, 16)
+    with pytest.raises(ValueError, match="cols should be"):
+        nm_tc.check(values, cols[:2], a.shape, 16)
+    with pytest.raises(ValueError, match="values should be"):
+        nm_tc.check(values[:, :8], cols, a.shape, 16)
+
+
 @pytest.mark.parametrize("chunks", [2, 4, 8, 16, 32])
 def test_swizzle_permutes_chunks_and_spreads_eight_rows_over_the_banks(chunks):
     for row in range(64):
@@ -82,19 +96,20 @@ def test_knobs_that_overflow_shared_memory_are_refused():
         tp.spmm("sp24", 1024, 1024, 1024, **knobs)
 
 
-@pytest.mark.parametrize("mode", ["sp24", "gather"])
-def test_ptx_holds_async_copies_ldmatrix_and_the_mma(mode):
-    kw = {} if mode == "sp24" else {"vec": 128, "kc": 96}
+@pytest.mark.parametrize("mode, dtype", [("sp24", "float16"), ("sp24", "bfloat16"), ("gather", "float16")])
+def test_ptx_holds_async_copies_ldmatrix_and_the_mma(mode, dtype):
+    kw = {"dtype": dtype, **({} if mode == "sp24" else {"vec": 128, "kc": 96})}
     src = cuda_source(tp.build(mode, 300, 768, 200, out_dtype="float16", **kw))
     ptx = nvcc_ptx(src, "sm_90a")
-    mma = ("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32" if mode == "sp24"
-           else "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+    ty = tp.DTYPES[dtype]
+    mma = (f"mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{ty}.{ty}.f32" if mode == "sp24"
+           else f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32")
     per_step = tp.KNOBS["warp_m_tiles"][0] * tp.KNOBS["warp_n_tiles"][0]
     assert ptx.count(mma) >= per_step * tp.KNOBS["k_steps"][0]  # every mma of a stage, unrolled
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
-    odd = cuda_source(tp.build(mode, 37, 70, 13, arch="sm_80", **({} if mode == "sp24" else {"vec": 128, "kc": 16})))
+    odd = cuda_source(tp.build(mode, 37, 70, 13, arch="sm_80", **{**kw, **({} if mode == "sp24" else {"kc": 16})}))
     results = nvcc_sources({("hopper", "sm_90a"): src, ("ampere", "sm_80"): odd})
     assert all(ok for ok, _ in results.values()), results
 

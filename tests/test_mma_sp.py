@@ -1,14 +1,10 @@
-"""2:4 SpMM on Sparse Tensor Cores (schedules.sparse_tensorcore) and its lane-ordered
-operands (formats.mma_sp): the packing round-trips and, replayed lane by lane the way
-mma.sp.m16n8k32 is specified, gives the dense product; the kernel compiles for sm_80
-and sm_90a and the PTX nvcc emits holds the sparse mma."""
+"""The lane-ordered 2:4 operands of mma.sp.m16n8k32 (formats.mma_sp), which the sp24 mode
+of schedules.tc_pipeline reads: the packing round-trips and, replayed lane by lane the way
+the instruction is specified, gives the dense product."""
 import numpy as np
 import pytest
 
 from formats import mma_sp
-from nvcc_tools import nvcc_ptx, nvcc_sources
-from schedules import sparse_tensorcore as stc
-from schedules.warp_mma import cuda_source
 
 
 def _two_four(rows, cols, seed, empty_rows=(), dense_row=None):
@@ -69,7 +65,7 @@ def test_more_than_two_of_four_is_refused_by_position():
 
 
 def test_the_lane_layout_is_what_the_kernel_reads():
-    """lane_registers (which emulate uses) names the elements in the kernel's order:
+    """lane_registers (which emulate uses) names the elements in the order ldmatrix.x4 hands them to mma.sp:
     a0 row g, a1 row g+8, a2 and a3 eight compressed columns on; metadata from t < 2."""
     values = np.arange(32 * 32, dtype=np.float16).reshape(32, 32) % 2048
     meta = np.arange(2 * 2 * 16, dtype=np.uint32).reshape(2, 2, 16)
@@ -77,28 +73,3 @@ def test_the_lane_layout_is_what_the_kernel_reads():
     assert [rc for rc, _ in regs] == [(19, 18), (27, 18), (19, 26), (27, 26)]
     assert word == meta[1, 1, 7]
     assert mma_sp.lane_registers(values, meta, 0, 0, lane=14)[1] == 0
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_kernel_emits_sparse_mma_in_ptx_for_hopper_and_ampere(dtype):
-    src = cuda_source(stc.build(37, 70, 13, dtype=dtype, arch="sm_90a"))
-    kind = "f16" if dtype == "float16" else "bf16"
-    instr = f"mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{kind}.{kind}.f32"
-    assert instr in src
-    ptx = nvcc_ptx(src, "sm_90a")
-    assert ptx.count(instr) == 2  # one per column tile of the warp (warp_n_tiles=2)
-    sm80 = cuda_source(stc.build(37, 70, 13, dtype=dtype, arch="sm_80", warp_n_tiles=4, warps=2))
-    results = nvcc_sources({("hopper", "sm_90a"): src, ("ampere", "sm_80"): sm80})
-    assert all(ok for ok, _ in results.values()), results
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    ({"M": 0}, "M should be a positive int"),
-    ({"dtype": "float32"}, "dtype should be one of \\['bfloat16', 'float16'\\], got 'float32'"),
-    ({"warp_n_tiles": 3}, "warp_n_tiles should be one of"),
-    ({"warps": 16}, "warps should be one of"),
-])
-def test_bad_kernel_arguments_name_the_problem(kwargs, match):
-    args = {"M": 32, "K": 64, "N": 16, **kwargs}
-    with pytest.raises(ValueError, match=match):
-        stc.spmm_24(args.pop("M"), args.pop("K"), args.pop("N"), **args)
