@@ -8,7 +8,8 @@ tile by tile, in two modes:
   dense ``mma`` m16n8k16 on the B rows at the row vector's kept columns, so only N/M of B
   is loaded and multiplied.
 
-Schedule (CUTLASS's multistage GEMM, written out in TVMScript): a block owns
+Schedule (CUTLASS's multistage GEMM, written out in TVMScript): a 1-D grid of blocks
+walked ``group_m`` row tiles at a time (Triton's grouped order, for L2 reuse); a block owns
 ``16*warp_m_tiles*warps_m`` rows x ``8*warp_n_tiles*warps_n`` columns of C; each stage copies
 ``k_steps`` MMA k-steps of A (and metadata) and of B into shared memory with 16-byte
 ``cp.async`` (rows out of range zero-filled), ``stages - 1`` stages ahead of the math.
@@ -31,6 +32,13 @@ KNOBS = {
     "warp_n_tiles": (4, 2, 8),
     "k_steps": (2, 4),  # even: fragments alternate between two register sets
     "stages": (3, 2, 4),
+    # blocks are numbered down ``group_m`` row tiles before moving one column tile right,
+    # so the blocks resident at once share their B columns (and, in gather mode, the
+    # gathered rows) in L2 instead of streaming all of B per row tile; 1 = row-major order
+    "group_m": (8, 1, 4, 16, 64),
+    # 2: fragments of the next k-step load while this one multiplies (more registers);
+    # 1: one set, so wider warp tiles fit in 255 registers
+    "frag_sets": (2, 1),
 }
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory a Hopper block may use
 
@@ -50,6 +58,24 @@ def _swizzle(row, chunk, chunks: int):
     if chunks == 2:
         return chunk ^ (row // 4 % 2)
     return chunk
+
+
+def grouped_tile(pid, grid_m: int, grid_n: int, group_m: int):
+    """(row tile, column tile) of block ``pid`` (an int, or the block index in a kernel) when
+    blocks walk ``group_m`` row tiles down before one column tile right; the last group
+    holds what rows are left."""
+    group = min(group_m, grid_m)
+    in_group = group * grid_n
+    first = pid // in_group * group
+    if grid_m % group == 0:
+        rows = group
+    elif isinstance(pid, int):
+        rows = min(grid_m - first, group)
+    else:
+        from tvm.script import tirx as T
+
+        rows = T.min(grid_m - first, group)
+    return first + pid % in_group % rows, pid % in_group // rows
 
 
 def smem_bytes(mode: str, knobs) -> int:
@@ -91,6 +117,7 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
     check(mode, M, K, N, dtype, out_dtype, vec, knobs)
     wm_, wn_, mt, nt, ks, S = (knobs[k] for k in ("warps_m", "warps_n", "warp_m_tiles", "warp_n_tiles",
                                                   "k_steps", "stages"))
+    sets = knobs["frag_sets"]
     sp = mode == "sp24"
     BM, BN = block_shape(knobs)
     WM, WN = 16 * mt, 8 * nt
@@ -250,6 +277,12 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
 
     paired = N % 2 == 0
 
+    def tile_m(pid):
+        return grouped_tile(pid, grid_m, grid_n, knobs["group_m"])[0]
+
+    def tile_n(pid):
+        return grouped_tile(pid, grid_m, grid_n, knobs["group_m"])[1]
+
     @T.prim_func(s_tir=True)
     def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, c_h: T.handle):
         T.func_attr({"global_symbol": "tc_spmm", "tirx.noalias": True})
@@ -258,23 +291,21 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         B = T.match_buffer(b_h, (K, N), dtype)
         C = T.match_buffer(c_h, (M, N), out_dtype)
         bx = T.env_thread("blockIdx.x")
-        by = T.env_thread("blockIdx.y")
         ty = T.env_thread("threadIdx.y")
         tx = T.env_thread("threadIdx.x")
-        T.launch_thread(bx, grid_n)
-        T.launch_thread(by, grid_m)
+        T.launch_thread(bx, grid_m * grid_n)
         T.launch_thread(ty, wm_ * wn_)
         T.launch_thread(tx, 32)
         Sm = T.decl_buffer([total], dtype, scope="shared.dyn")
         Sw = T.decl_buffer([total // 2], "uint32", data=Sm.data, scope="shared.dyn")
         acc = T.decl_buffer([mt * nt * 4], "float32", scope="local")
-        af = T.decl_buffer([2 * mt * 4], "uint32", scope="local")
-        bf = T.decl_buffer([2 * nt * 4], "uint32", scope="local")
-        ef = T.decl_buffer([2 * mt], "uint32", scope="local")
+        af = T.decl_buffer([sets * mt * 4], "uint32", scope="local")
+        bf = T.decl_buffer([sets * nt * 4], "uint32", scope="local")
+        ef = T.decl_buffer([sets * mt], "uint32", scope="local")
         nidx = T.decl_buffer([b_it], "int32", scope="local")
         pair = T.decl_buffer([2], "float32", scope="local")
-        bm0 = by * BM
-        bn0 = bx * BN
+        bm0 = tile_m(bx) * BM
+        bn0 = tile_n(bx) * BN
         tid = ty * 32 + tx
         wr = ty // wn_ * WM  # the warp's first row and column inside the block
         wc = ty % wn_ * WN
@@ -288,12 +319,19 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         prefetch_rows(E, nidx, bm0, S, tid)
         wait(S - 1)
         T.tvm_storage_sync("shared")
-        load_frags(Sm, Sw, af, bf, ef, 0, 0, 0, wr, wc, tx)
+        if sets == 2:
+            load_frags(Sm, Sw, af, bf, ef, 0, 0, 0, wr, wc, tx)
         for kt in range(nk):
             s = kt % S
-            for j in T.unroll(ks - 1):
-                load_frags(Sm, Sw, af, bf, ef, s, j + 1, (j + 1) % 2, wr, wc, tx)
-                mmas(acc, af, bf, ef, j % 2)
+            if sets == 2:
+                for j in T.unroll(ks - 1):
+                    load_frags(Sm, Sw, af, bf, ef, s, j + 1, (j + 1) % 2, wr, wc, tx)
+                    mmas(acc, af, bf, ef, j % 2)
+            else:
+                for j in T.unroll(ks - 1):
+                    load_frags(Sm, Sw, af, bf, ef, s, j, 0, wr, wc, tx)
+                    mmas(acc, af, bf, ef, 0)
+                load_frags(Sm, Sw, af, bf, ef, s, ks - 1, 0, wr, wc, tx)
             # last k-step of the stage: its fragments are in registers, so the stage's
             # shared buffer takes stage kt + S while the next stage's first fragments load
             wait(S - 2)
@@ -304,9 +342,12 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
             commit()
             if kt + S + 1 < nk:
                 prefetch_rows(E, nidx, bm0, kt + S + 1, tid)
-            if kt + 1 < nk:
-                load_frags(Sm, Sw, af, bf, ef, (kt + 1) % S, 0, 0, wr, wc, tx)
-            mmas(acc, af, bf, ef, 1)
+            if sets == 2:
+                if kt + 1 < nk:
+                    load_frags(Sm, Sw, af, bf, ef, (kt + 1) % S, 0, 0, wr, wc, tx)
+                mmas(acc, af, bf, ef, 1)
+            else:
+                mmas(acc, af, bf, ef, 0)
         for i in T.unroll(mt):
             for n in T.unroll(nt):
                 for hh in T.unroll(2):

@@ -122,3 +122,11 @@ def test_sp24_reads_the_mma_sp_packing():
     text = f.script()
     assert f"A: T.Buffer(({values.shape[0]}, {values.shape[1]}), \"float16\")" in text
     assert f"E: T.Buffer(({meta.shape[0]}, {meta.shape[1]}, {meta.shape[2]}), \"uint32\")" in text
+
+
+@pytest.mark.parametrize("grid_m,grid_n,group_m", [(1, 1, 8), (11, 7, 8), (32, 128, 64), (8, 3, 1), (5, 2, 4)])
+def test_grouped_order_visits_every_tile_once(grid_m, grid_n, group_m):
+    tiles = [tp.grouped_tile(pid, grid_m, grid_n, group_m) for pid in range(grid_m * grid_n)]
+    assert sorted(tiles) == [(m, n) for m in range(grid_m) for n in range(grid_n)]
+    if group_m >= grid_m:  # one group: consecutive blocks walk down a column tile
+        assert tiles[:grid_m] == [(m, 0) for m in range(grid_m)]
