@@ -163,6 +163,24 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         return _swizzle(r, c, CA)
 
     k_valid = K if sp else k_rows  # sp24 walks B's rows up to K; gather walks kc slots
+    # Shapes that fill every tile need no bounds checks: the copies and stores are emitted
+    # without them (fewer integer instructions per MMA in the main loop).
+    k_full = k_valid % BK == 0 and k_rows == k_valid
+    n_full = aligned and N % BN == 0
+    m_full = a_rows % BM == 0 and M % BM == 0
+
+    def all_of(*conds):
+        """The conjunction of the conditions not known to hold (``True``) at build time."""
+        live = [c for c in conds if c is not True]
+        if not live:
+            return True
+        out = live[0]
+        for c in live[1:]:
+            out = T.And(out, c)
+        return out
+
+    def clamp(x, hi, full):
+        return x if full else T.min(x, hi)
 
     def b_row(E, nidx, bm0, kk, it, prefetched):
         """The row of B at step ``kk`` of the K walk: ``kk`` itself for sp24; for gather the
@@ -173,25 +191,72 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
             return nidx[it]
         return E[bm0 // vec, T.min(kk, k_rows - 1)]
 
+    def b_src(row):
+        """B's row as read: sp24 rows stay in range when K fills the stages; a gathered
+        index is clamped into B whatever the caller passed."""
+        return row if sp and k_full else T.max(T.min(row, K - 1), 0)
+
+    # Copies whose chunks all land in range keep their per-thread offsets in registers
+    # (``plan_copies``), so a stage's copy is an add and a cp.async per chunk.
+    fast_b = aligned and n_full and k_full and BK * CB % NT == 0
+    fast_a = m_full and k_full and BM * CA % NT == 0
+
     @T.macro
-    def load_b(Sm, B, E, nidx, bm0, bn0, q, s, tid, prefetched):
+    def plan_copies(cb, ca, bm0, bn0, tid):
+        """Shared destination and global source offsets of this thread's chunks, stage 0."""
+        if fast_b:
+            for it in T.unroll(b_it):
+                r = (it * NT + tid) // CB
+                c = (it * NT + tid) % CB
+                cb[it] = (r * CB + sw_b(r, c)) * 8
+                if sp:
+                    cb[b_it + it] = r * N + bn0 + c * 8
+                else:
+                    cb[b_it + it] = bn0 + c * 8
+        if fast_a:
+            for it in T.unroll(a_it):
+                row = (it * NT + tid) // CA
+                c = (it * NT + tid) % CA
+                ca[it] = a_base + (row * CA + sw_a(row, c)) * 8
+                ca[a_it + it] = (bm0 + row) * a_cols + c * 8
+
+    @T.macro
+    def load_b_checked(Sm, B, E, nidx, bm0, bn0, q, s, tid, prefetched):
         for it in T.unroll(b_it):
             ch = it * NT + tid
             if ch < BK * CB:
                 r = ch // CB
                 c = ch % CB
                 kk = q * BK + r
-                src = T.max(T.min(b_row(E, nidx, bm0, kk, it, prefetched), K - 1), 0)
-                ok = T.And(kk < k_valid, bn0 + c * 8 < N)
+                src = b_src(b_row(E, nidx, bm0, kk, it, prefetched))
+                ok = all_of(k_full or kk < k_valid, n_full or bn0 + c * 8 < N)
                 dst = ((s * BK + r) * CB + sw_b(r, c)) * 8
                 if aligned:
-                    cp(Sm.access_ptr("w", offset=dst, extent=8),
-                       B.access_ptr("r", offset=src * N + T.min(bn0 + c * 8, N - 8), extent=8),
-                       16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+                    if ok is True:
+                        cp(Sm.access_ptr("w", offset=dst, extent=8),
+                           B.access_ptr("r", offset=src * N + bn0 + c * 8, extent=8), 16)
+                    else:
+                        cp(Sm.access_ptr("w", offset=dst, extent=8),
+                           B.access_ptr("r", offset=src * N + clamp(bn0 + c * 8, N - 8, n_full), extent=8),
+                           16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
                 else:
                     for e in T.unroll(8):
                         Sm[dst + e] = T.if_then_else(T.And(ok, bn0 + c * 8 + e < N),
                                                      B[src, T.min(bn0 + c * 8 + e, N - 1)], zero)
+
+    @T.macro
+    def load_b(Sm, B, E, nidx, cb, bm0, bn0, q, s, tid, prefetched):
+        if fast_b:
+            for it in T.unroll(b_it):
+                if sp:
+                    cp(Sm.access_ptr("w", offset=s * BK * CB * 8 + cb[it], extent=8),
+                       B.access_ptr("r", offset=q * BK * N + cb[b_it + it], extent=8), 16)
+                else:
+                    src = b_src(b_row(E, nidx, bm0, q * BK + (it * NT + tid) // CB, it, prefetched))
+                    cp(Sm.access_ptr("w", offset=s * BK * CB * 8 + cb[it], extent=8),
+                       B.access_ptr("r", offset=src * N + cb[b_it + it], extent=8), 16)
+        else:
+            load_b_checked(Sm, B, E, nidx, bm0, bn0, q, s, tid, prefetched)
 
     @T.macro
     def prefetch_rows(E, nidx, bm0, q, tid):
@@ -202,31 +267,55 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                 nidx[it] = E[bm0 // vec, T.min(q * BK + (it * NT + tid) // CB, k_rows - 1)]
 
     @T.macro
-    def load_a(Sm, A, E, bm0, q, s, tid):
+    def load_e(Sm, E, bm0, q, s, tid):
+        for it in T.unroll(e_it):
+            ch = it * NT + tid
+            if ch < BM // 16 * ks * 4:
+                i = ch // (ks * 4)
+                j = ch // 4 % ks
+                w4 = ch % 4
+                tm = bm0 // 16 + i
+                tk = q * ks + j
+                ok = all_of(m_full or tm < tiles_m, k_full or tk < tiles_k)
+                if ok is True:
+                    cp(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8,
+                                     extent=8),
+                       E.access_ptr("r", offset=(tm * tiles_k + tk) * 16 + w4 * 4, extent=4), 16)
+                else:
+                    cp(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8,
+                                     extent=8),
+                       E.access_ptr("r", offset=(clamp(tm, tiles_m - 1, m_full) * tiles_k
+                                                 + clamp(tk, tiles_k - 1, k_full)) * 16 + w4 * 4, extent=4),
+                       16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+
+    @T.macro
+    def load_a_checked(Sm, A, bm0, q, s, tid):
         for it in T.unroll(a_it):
             ch = it * NT + tid
             if ch < BM * CA:
                 row = ch // CA
                 c = ch % CA
                 col = q * CA * 8 + c * 8
-                ok = T.And(bm0 + row < a_rows, col < a_cols)
-                cp(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
-                   A.access_ptr("r", offset=T.min(bm0 + row, a_rows - 1) * a_cols + T.min(col, a_cols - 8), extent=8),
-                   16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
-        if sp:
-            for it in T.unroll(e_it):
-                ch = it * NT + tid
-                if ch < BM // 16 * ks * 4:
-                    i = ch // (ks * 4)
-                    j = ch // 4 % ks
-                    w4 = ch % 4
-                    tm = bm0 // 16 + i
-                    tk = q * ks + j
-                    ok = T.And(tm < tiles_m, tk < tiles_k)
-                    cp(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8, extent=8),
-                       E.access_ptr("r", offset=(T.min(tm, tiles_m - 1) * tiles_k + T.min(tk, tiles_k - 1)) * 16
-                                    + w4 * 4, extent=4),
+                ok = all_of(m_full or bm0 + row < a_rows, k_full or col < a_cols)
+                if ok is True:
+                    cp(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
+                       A.access_ptr("r", offset=(bm0 + row) * a_cols + col, extent=8), 16)
+                else:
+                    cp(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
+                       A.access_ptr("r", offset=clamp(bm0 + row, a_rows - 1, m_full) * a_cols
+                                    + clamp(col, a_cols - 8, k_full), extent=8),
                        16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+
+    @T.macro
+    def load_a(Sm, A, E, ca, bm0, q, s, tid):
+        if fast_a:
+            for it in T.unroll(a_it):
+                cp(Sm.access_ptr("w", offset=s * BM * CA * 8 + ca[it], extent=8),
+                   A.access_ptr("r", offset=q * CA * 8 + ca[a_it + it], extent=8), 16)
+        else:
+            load_a_checked(Sm, A, bm0, q, s, tid)
+        if sp:
+            load_e(Sm, E, bm0, q, s, tid)
 
     @T.macro
     def load_frags(Sm, Sw, af, bf, ef, s, j, f, wr, wc, tx):
@@ -283,6 +372,51 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
     def tile_n(pid):
         return grouped_tile(pid, grid_m, grid_n, knobs["group_m"])[1]
 
+    @T.macro
+    def k_iteration(Sm, Sw, A, B, E, af, bf, ef, acc, nidx, cb, ca, bm0, bn0, kt, s, wr, wc, tx, tid):
+        """One stage of the K walk: its MMAs, and the copy of stage ``kt + S`` into the
+        shared buffer it frees (``s`` = kt % S, a constant once unrolled)."""
+        if sets == 2:
+            for j in T.unroll(ks - 1):
+                load_frags(Sm, Sw, af, bf, ef, s, j + 1, (j + 1) % 2, wr, wc, tx)
+                mmas(acc, af, bf, ef, j % 2)
+        else:
+            for j in T.unroll(ks - 1):
+                load_frags(Sm, Sw, af, bf, ef, s, j, 0, wr, wc, tx)
+                mmas(acc, af, bf, ef, 0)
+            load_frags(Sm, Sw, af, bf, ef, s, ks - 1, 0, wr, wc, tx)
+        # last k-step of the stage: its fragments are in registers, so the stage's
+        # shared buffer takes stage kt + S while the next stage's first fragments load
+        wait(S - 2)
+        T.tvm_storage_sync("shared")
+        if kt + S < nk:
+            load_b(Sm, B, E, nidx, cb, bm0, bn0, kt + S, s, tid, True)
+            load_a(Sm, A, E, ca, bm0, kt + S, s, tid)
+        commit()
+        if kt + S + 1 < nk:
+            prefetch_rows(E, nidx, bm0, kt + S + 1, tid)
+        if sets == 2:
+            if kt + 1 < nk:
+                load_frags(Sm, Sw, af, bf, ef, (s + 1) % S, 0, 0, wr, wc, tx)
+            mmas(acc, af, bf, ef, 1)
+        else:
+            mmas(acc, af, bf, ef, 0)
+
+    @T.macro
+    def store_pair(C, acc, pair, row, col, a0, ok):
+        """Two neighbouring outputs in one store (half2 / float2)."""
+        if ok is True:
+            pair[0] = acc[a0]
+            pair[1] = acc[a0 + 1]
+            for h in T.vectorized(2):
+                C[row, col + h] = T.Cast(out_dtype, pair[h])
+        else:
+            if ok:
+                pair[0] = acc[a0]
+                pair[1] = acc[a0 + 1]
+                for h in T.vectorized(2):
+                    C[row, col + h] = T.Cast(out_dtype, pair[h])
+
     @T.prim_func(s_tir=True)
     def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, c_h: T.handle):
         T.func_attr({"global_symbol": "tc_spmm", "tirx.noalias": True})
@@ -303,6 +437,8 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         bf = T.decl_buffer([sets * nt * 4], "uint32", scope="local")
         ef = T.decl_buffer([sets * mt], "uint32", scope="local")
         nidx = T.decl_buffer([b_it], "int32", scope="local")
+        cb = T.decl_buffer([2 * b_it], "int32", scope="local")
+        ca = T.decl_buffer([2 * a_it], "int32", scope="local")
         pair = T.decl_buffer([2], "float32", scope="local")
         bm0 = tile_m(bx) * BM
         bn0 = tile_n(bx) * BN
@@ -311,54 +447,31 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         wc = ty % wn_ * WN
         for i in T.unroll(mt * nt * 4):
             acc[i] = T.float32(0)
+        plan_copies(cb, ca, bm0, bn0, tid)
         for q in T.unroll(S):
             if q < nk:
-                load_b(Sm, B, E, nidx, bm0, bn0, q, q, tid, False)
-                load_a(Sm, A, E, bm0, q, q, tid)
+                load_b(Sm, B, E, nidx, cb, bm0, bn0, q, q, tid, False)
+                load_a(Sm, A, E, ca, bm0, q, q, tid)
             commit()
         prefetch_rows(E, nidx, bm0, S, tid)
         wait(S - 1)
         T.tvm_storage_sync("shared")
         if sets == 2:
             load_frags(Sm, Sw, af, bf, ef, 0, 0, 0, wr, wc, tx)
-        for kt in range(nk):
-            s = kt % S
-            if sets == 2:
-                for j in T.unroll(ks - 1):
-                    load_frags(Sm, Sw, af, bf, ef, s, j + 1, (j + 1) % 2, wr, wc, tx)
-                    mmas(acc, af, bf, ef, j % 2)
-            else:
-                for j in T.unroll(ks - 1):
-                    load_frags(Sm, Sw, af, bf, ef, s, j, 0, wr, wc, tx)
-                    mmas(acc, af, bf, ef, 0)
-                load_frags(Sm, Sw, af, bf, ef, s, ks - 1, 0, wr, wc, tx)
-            # last k-step of the stage: its fragments are in registers, so the stage's
-            # shared buffer takes stage kt + S while the next stage's first fragments load
-            wait(S - 2)
-            T.tvm_storage_sync("shared")
-            if kt + S < nk:
-                load_b(Sm, B, E, nidx, bm0, bn0, kt + S, s, tid, True)
-                load_a(Sm, A, E, bm0, kt + S, s, tid)
-            commit()
-            if kt + S + 1 < nk:
-                prefetch_rows(E, nidx, bm0, kt + S + 1, tid)
-            if sets == 2:
-                if kt + 1 < nk:
-                    load_frags(Sm, Sw, af, bf, ef, (kt + 1) % S, 0, 0, wr, wc, tx)
-                mmas(acc, af, bf, ef, 1)
-            else:
-                mmas(acc, af, bf, ef, 0)
+        for kt0 in range(nk // S):
+            # unrolled by the stage count, so every shared-memory offset is a constant
+            for u in T.unroll(S):
+                k_iteration(Sm, Sw, A, B, E, af, bf, ef, acc, nidx, cb, ca, bm0, bn0, kt0 * S + u, u, wr, wc, tx, tid)
+        for kt in range(nk // S * S, nk):  # the stages left over
+            k_iteration(Sm, Sw, A, B, E, af, bf, ef, acc, nidx, cb, ca, bm0, bn0, kt, kt % S, wr, wc, tx, tid)
         for i in T.unroll(mt):
             for n in T.unroll(nt):
                 for hh in T.unroll(2):
                     row = bm0 + wr + i * 16 + tx // 4 + hh * 8
                     col = bn0 + wc + n * 8 + tx % 4 * 2
                     if paired:
-                        if T.And(row < M, col < N):
-                            pair[0] = acc[(i * nt + n) * 4 + hh * 2]
-                            pair[1] = acc[(i * nt + n) * 4 + hh * 2 + 1]
-                            for h in T.vectorized(2):
-                                C[row, col + h] = T.Cast(out_dtype, pair[h])
+                        store_pair(C, acc, pair, row, col, (i * nt + n) * 4 + hh * 2,
+                                   all_of(M % BM == 0 or row < M, N % BN == 0 or col < N))
                     else:
                         for h in T.unroll(2):
                             if T.And(row < M, col + h < N):
