@@ -404,18 +404,20 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
 
     @T.macro
     def store_pair(C, acc, pair, row, col, a0, ok):
-        """Two neighbouring outputs in one store (half2 / float2)."""
+        """Two neighbouring outputs in one store (half2 / float2). Each store stages its
+        pair at its own offset: TVM's CUDA codegen reuses one vector read of the same local
+        address within a scope even after the elements were rewritten."""
         if ok is True:
-            pair[0] = acc[a0]
-            pair[1] = acc[a0 + 1]
+            pair[a0] = acc[a0]
+            pair[a0 + 1] = acc[a0 + 1]
             for h in T.vectorized(2):
-                C[row, col + h] = T.Cast(out_dtype, pair[h])
+                C[row, col + h] = T.Cast(out_dtype, pair[a0 + h])
         else:
             if ok:
-                pair[0] = acc[a0]
-                pair[1] = acc[a0 + 1]
+                pair[a0] = acc[a0]
+                pair[a0 + 1] = acc[a0 + 1]
                 for h in T.vectorized(2):
-                    C[row, col + h] = T.Cast(out_dtype, pair[h])
+                    C[row, col + h] = T.Cast(out_dtype, pair[a0 + h])
 
     @T.prim_func(s_tir=True)
     def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, c_h: T.handle):
@@ -439,7 +441,7 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         nidx = T.decl_buffer([b_it], "int32", scope="local")
         cb = T.decl_buffer([2 * b_it], "int32", scope="local")
         ca = T.decl_buffer([2 * a_it], "int32", scope="local")
-        pair = T.decl_buffer([2], "float32", scope="local")
+        pair = T.decl_buffer([mt * nt * 4], "float32", scope="local")
         bm0 = tile_m(bx) * BM
         bn0 = tile_n(bx) * BN
         tid = ty * 32 + tx

@@ -130,3 +130,15 @@ def test_grouped_order_visits_every_tile_once(grid_m, grid_n, group_m):
     assert sorted(tiles) == [(m, n) for m in range(grid_m) for n in range(grid_n)]
     if group_m >= grid_m:  # one group: consecutive blocks walk down a column tile
         assert tiles[:grid_m] == [(m, 0) for m in range(grid_m)]
+
+
+def test_each_paired_store_reads_its_own_staged_pair():
+    """Regression: with every tile full the stores share one scope, and TVM's codegen reused
+    the first ``*(float2*)(pair + 0)`` read for all 32 stores (wrong results on the GPU)."""
+    import re
+
+    knobs = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=3, group_m=8)
+    src = cuda_source(tp.build("gather", 768, 768, 512, out_dtype="float16", vec=128, kc=96, **knobs))
+    reads = re.findall(r"= \*\(float2\*\)\(pair_ptr \+ (\d+)\)", src)
+    stores = 4 * 4 * 2  # warp_m_tiles x warp_n_tiles x two row halves
+    assert len(reads) == stores and len(set(reads)) == stores
