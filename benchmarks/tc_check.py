@@ -37,11 +37,11 @@ from sparsec.bench.report import geomean  # noqa: E402
 TOKENS = (16, 128, 512, 1024, 2048, 4096, 8192)
 QUICK_TOKENS = (16, 512, 2048, 8192)
 GATHER = {"n": 1, "m": 8, "vec": 128}
-LARGE_N_SETS = [  # N >= 512: wide tiles, A and B fetched once per 64-128 outputs each way
-    dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=3),
-    dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=8, k_steps=2, stages=3),
-    dict(warps_m=2, warps_n=2, warp_m_tiles=2, warp_n_tiles=8, k_steps=2, stages=4),
-    dict(warps_m=2, warps_n=4, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=3)]
+LARGE_N_SETS = [  # N >= 512: the best four of the H200 sweep (benchmarks/results/nm_tc_sweep_H200.json)
+    dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=4, stages=3, group_m=8),
+    dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=4, group_m=8),
+    dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=8, k_steps=2, stages=4, frag_sets=1, group_m=16),
+    dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=3, group_m=8)]
 SMALL_N_SETS = [  # N < 512: narrow column tiles, deep K stages
     dict(warps_m=4, warps_n=1, warp_m_tiles=2, warp_n_tiles=2, k_steps=2, stages=4),
     dict(warps_m=4, warps_n=1, warp_m_tiles=1, warp_n_tiles=2, k_steps=4, stages=4),
