@@ -170,7 +170,7 @@ def per_knob_set(rows):
         for k in r["kernels"]:
             if k.get("ms"):
                 key = (r["mode"], json.dumps(k["knobs"], sort_keys=True))
-                by.setdefault(key, []).append((r["cublas_ms"] / k["ms"], k is r["best"]))
+                by.setdefault(key, []).append((r["cublas_ms"] / k["ms"], k == r["best"]))
     for (mode, knobs), v in sorted(by.items()):
         print(f"{mode} {knobs}: geomean vs cuBLAS {geomean([x for x, _ in v]):.3f}x over {len(v)}, "
               f"best in {sum(b for _, b in v)}")
