@@ -57,7 +57,7 @@ def main():
         q = np.clip(np.round(w / scale), -127, 127)
         inst = convert(q, f"srbcrs:v{vec},int8")
         ip, ix = (torch.from_numpy(inst.arrays[k].astype(np.int32)).cuda() for k in ("indptr", "indices"))
-        dv = torch.from_numpy(inst.data).cuda()
+        dv = torch.from_numpy(inst.data.view(np.int32)).cuda().view(torch.uint32)  # the kernel reads words
         a16 = torch.from_numpy((q * scale).astype(np.float16)).cuda()
         a8 = torch.from_numpy(q.astype(np.int8)).cuda()
         for n in dims:
