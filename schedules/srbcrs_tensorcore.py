@@ -43,7 +43,9 @@ def check(M: int, K: int, N: int, vec: int, out_dtype: str, n_bytes: int, warps:
 def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int32", n_bytes: int = 16,
                      warps: int = 4):
     """PrimFunc ``srbcrs_spmm(indptr, indices, values, B, C[, row_scale, b_scale])`` over an
-    ``srbcrs:v{vec},int8`` instance's arrays (``indptr``, ``indices``, ``data``)."""
+    ``srbcrs:v{vec},int8`` instance's arrays: ``indptr``, ``indices`` (int32) and ``data``
+    passed as uint32 words (``data.view(np.uint32)``). Whatever the arrays hold, every read
+    stays inside them: row bounds are clamped to ``indices``, gathered rows to B."""
     from tvm.script import tirx as T
 
     check(M, K, N, vec, out_dtype, n_bytes, warps)
@@ -67,9 +69,9 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
         16-slot chunks, so a chunk is in the vector row or not at all."""
         for q in T.unroll(2):
             base = start + kt * 32 + q * 16
-            if base < end:
-                for s in T.vectorized(4):
-                    idx[q * 4 + s] = IX[base + tx % 4 * 4 + s]
+            if base + 16 <= end:
+                for s in T.unroll(4):
+                    idx[q * 4 + s] = T.min(T.max(IX[base + tx % 4 * 4 + s], 0), K - 1)
                 if tx // 4 < V:
                     bw[q] = Dw[(base * V + tx // 4 * 16 + tx % 4 * 4) // 4]
                 else:
@@ -82,14 +84,14 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
             if full:  # one vector load of the row's w bytes (TVM would gather them byte by byte)
                 if w == 16:
                     ld_v4(rw[r * 4], rw[r * 4 + 1], rw[r * 4 + 2], rw[r * 4 + 3],
-                          B.access_ptr("r", offset=T.max(idx[r], 0) * N + n0, extent=16))
+                          B.access_ptr("r", offset=idx[r] * N + n0, extent=16))
                 elif w == 8:
-                    ld_v2(rw[r * 2], rw[r * 2 + 1], B.access_ptr("r", offset=T.max(idx[r], 0) * N + n0, extent=8))
+                    ld_v2(rw[r * 2], rw[r * 2 + 1], B.access_ptr("r", offset=idx[r] * N + n0, extent=8))
                 else:
-                    ld_v1(rw[r], B.access_ptr("r", offset=T.max(idx[r], 0) * N + n0, extent=4))
+                    ld_v1(rw[r], B.access_ptr("r", offset=idx[r] * N + n0, extent=4))
             else:
                 for b in T.unroll(w):
-                    rows[r * w + b] = T.if_then_else(n0 + b < N, B[T.max(idx[r], 0), T.min(n0 + b, N - 1)],
+                    rows[r * w + b] = T.if_then_else(n0 + b < N, B[idx[r], T.min(n0 + b, N - 1)],
                                                      T.int8(0))
 
     @T.macro
@@ -145,8 +147,8 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
         acc_s32 = T.decl_buffer([4 * tiles], "int32", data=acc.data, scope="local")
         out = T.decl_buffer([2 * w], out_dtype, scope="local")
         n0 = (bx * warps + ty) * per_warp + tx // 4 * w
-        start = IP[by]
-        end = IP[by + 1]
+        end = T.min(IP[by + 1], IX.shape[0])
+        start = T.max(T.min(IP[by], end), 0)
         for i in T.unroll(4 * tiles):
             acc[i] = T.uint32(0)
         for kt in range((end - start + 31) // 32):
@@ -214,12 +216,12 @@ def operands(indptr, indices, values, B, vr: int, kt: int, n0: int, lane: int, V
     b = np.zeros(2, np.uint32)
     for q in range(2):
         base = start + kt * 32 + q * 16
-        if base >= end:
+        if base + 16 > end:
             continue
         if g < V:
             b[q] = np.frombuffer(values[base * V + g * 16 + t * 4: base * V + g * 16 + t * 4 + 4].tobytes(), "<u4")[0]
         for s in range(4):
-            row = max(int(indices[base + t * 4 + s]), 0)
+            row = min(max(int(indices[base + t * 4 + s]), 0), K - 1)
             cols = [B[row, c] if c < N else 0 for c in range(col0, col0 + w)]
             words[q * 4 + s] = np.frombuffer(np.array(cols, np.int8).tobytes(), "<u4")
     a = np.zeros((w // 2, 4), np.uint32)

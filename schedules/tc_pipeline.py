@@ -30,7 +30,7 @@ KNOBS = {
     "warps_n": (2, 1, 4),
     "warp_m_tiles": (4, 1, 2),
     "warp_n_tiles": (4, 2, 8),
-    "k_steps": (2, 4),  # even: fragments alternate between two register sets
+    "k_steps": (2, 4),  # even, so two register sets alternate within a stage
     "stages": (3, 2, 4),
     # blocks are numbered down ``group_m`` row tiles before moving one column tile right,
     # so the blocks resident at once share their B columns (and, in gather mode, the
@@ -198,8 +198,17 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
 
     # Copies whose chunks all land in range keep their per-thread offsets in registers
     # (``plan_copies``), so a stage's copy is an add and a cp.async per chunk.
-    fast_b = aligned and n_full and k_full and BK * CB % NT == 0
+    fast_b = n_full and k_full and BK * CB % NT == 0
     fast_a = m_full and k_full and BM * CA % NT == 0
+
+    @T.macro
+    def copy16(dst, src, ok):
+        """16-byte cp.async; where ``ok`` is not known at build time, a false ``ok`` copies
+        nothing and zero-fills (src-size 0)."""
+        if ok is True:
+            cp(dst, src, 16)
+        else:
+            cp(dst, src, 16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
 
     @T.macro
     def plan_copies(cb, ca, bm0, bn0, tid):
@@ -232,13 +241,8 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                 ok = all_of(k_full or kk < k_valid, n_full or bn0 + c * 8 < N)
                 dst = ((s * BK + r) * CB + sw_b(r, c)) * 8
                 if aligned:
-                    if ok is True:
-                        cp(Sm.access_ptr("w", offset=dst, extent=8),
-                           B.access_ptr("r", offset=src * N + bn0 + c * 8, extent=8), 16)
-                    else:
-                        cp(Sm.access_ptr("w", offset=dst, extent=8),
-                           B.access_ptr("r", offset=src * N + clamp(bn0 + c * 8, N - 8, n_full), extent=8),
-                           16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+                    copy16(Sm.access_ptr("w", offset=dst, extent=8),
+                           B.access_ptr("r", offset=src * N + clamp(bn0 + c * 8, N - 8, n_full), extent=8), ok)
                 else:
                     for e in T.unroll(8):
                         Sm[dst + e] = T.if_then_else(T.And(ok, bn0 + c * 8 + e < N),
@@ -249,12 +253,12 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         if fast_b:
             for it in T.unroll(b_it):
                 if sp:
-                    cp(Sm.access_ptr("w", offset=s * BK * CB * 8 + cb[it], extent=8),
-                       B.access_ptr("r", offset=q * BK * N + cb[b_it + it], extent=8), 16)
+                    copy16(Sm.access_ptr("w", offset=s * BK * CB * 8 + cb[it], extent=8),
+                           B.access_ptr("r", offset=q * BK * N + cb[b_it + it], extent=8), True)
                 else:
                     src = b_src(b_row(E, nidx, bm0, q * BK + (it * NT + tid) // CB, it, prefetched))
-                    cp(Sm.access_ptr("w", offset=s * BK * CB * 8 + cb[it], extent=8),
-                       B.access_ptr("r", offset=src * N + cb[b_it + it], extent=8), 16)
+                    copy16(Sm.access_ptr("w", offset=s * BK * CB * 8 + cb[it], extent=8),
+                           B.access_ptr("r", offset=src * N + cb[b_it + it], extent=8), True)
         else:
             load_b_checked(Sm, B, E, nidx, bm0, bn0, q, s, tid, prefetched)
 
@@ -276,17 +280,10 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                 w4 = ch % 4
                 tm = bm0 // 16 + i
                 tk = q * ks + j
-                ok = all_of(m_full or tm < tiles_m, k_full or tk < tiles_k)
-                if ok is True:
-                    cp(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8,
-                                     extent=8),
-                       E.access_ptr("r", offset=(tm * tiles_k + tk) * 16 + w4 * 4, extent=4), 16)
-                else:
-                    cp(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8,
-                                     extent=8),
+                copy16(Sm.access_ptr("w", offset=e_base + ((s * (BM // 16) + i) * ks + j) * 32 + w4 * 8, extent=8),
                        E.access_ptr("r", offset=(clamp(tm, tiles_m - 1, m_full) * tiles_k
                                                  + clamp(tk, tiles_k - 1, k_full)) * 16 + w4 * 4, extent=4),
-                       16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+                       all_of(m_full or tm < tiles_m, k_full or tk < tiles_k))
 
     @T.macro
     def load_a_checked(Sm, A, bm0, q, s, tid):
@@ -296,22 +293,17 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                 row = ch // CA
                 c = ch % CA
                 col = q * CA * 8 + c * 8
-                ok = all_of(m_full or bm0 + row < a_rows, k_full or col < a_cols)
-                if ok is True:
-                    cp(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
-                       A.access_ptr("r", offset=(bm0 + row) * a_cols + col, extent=8), 16)
-                else:
-                    cp(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
+                copy16(Sm.access_ptr("w", offset=a_base + ((s * BM + row) * CA + sw_a(row, c)) * 8, extent=8),
                        A.access_ptr("r", offset=clamp(bm0 + row, a_rows - 1, m_full) * a_cols
                                     + clamp(col, a_cols - 8, k_full), extent=8),
-                       16, T.Cast("uint32", T.if_then_else(ok, 16, 0)))
+                       all_of(m_full or bm0 + row < a_rows, k_full or col < a_cols))
 
     @T.macro
     def load_a(Sm, A, E, ca, bm0, q, s, tid):
         if fast_a:
             for it in T.unroll(a_it):
-                cp(Sm.access_ptr("w", offset=s * BM * CA * 8 + ca[it], extent=8),
-                   A.access_ptr("r", offset=q * CA * 8 + ca[a_it + it], extent=8), 16)
+                copy16(Sm.access_ptr("w", offset=s * BM * CA * 8 + ca[it], extent=8),
+                       A.access_ptr("r", offset=q * CA * 8 + ca[a_it + it], extent=8), True)
         else:
             load_a_checked(Sm, A, bm0, q, s, tid)
         if sp:

@@ -96,3 +96,19 @@ def test_full_tiles_load_each_slot_row_with_one_vector_load():
     ptx = nvcc_ptx(src, "sm_90a")
     assert ptx.count("ld.global.nc.v4.u32") == 8  # 8 slot rows x 16 bytes per k step
     assert "ld.global.nc.u8" not in ptx and "ld.global.s8" not in ptx  # no byte gathers left
+
+
+def test_out_of_range_columns_are_clamped_into_b_not_read_past_it():
+    """A corrupted column index reads B's last row (as the kernel's clamp does), never
+    past B."""
+    a = _int8_matrix(16, 40, 0.3, seed=5)
+    inst = convert(a, "srbcrs:v8,int8")
+    indices = inst.arrays["indices"].copy()
+    real = np.flatnonzero(indices >= 0)[0]
+    indices[real] = 10**6
+    b = np.random.default_rng(2).integers(-128, 128, (40, 16)).astype(np.int8)
+    got = stc.emulate(inst.arrays["indptr"], indices, inst.data, b, 16, 8)
+    fixed = indices.copy()
+    fixed[real] = 39
+    want = stc.emulate(inst.arrays["indptr"], fixed, inst.data, b, 16, 8)
+    assert np.array_equal(got, want)
