@@ -3,6 +3,8 @@
     sparsec run spmm --format csr --feat 64 --target llvm --check      # embedded matrix
     sparsec run sddmm --format bsr:4x4 --random 3000,2000,0.01 --feat 32 --json
     sparsec build spmm --format ell:8 --feat 64 --target cuda:sm_90a --emit-source
+    sparsec build spmm --format csr --feat 64 --target cuda:sm_90a --arch sm_80 sm_90a -o spmm.so
+    sparsec inspect spmm.so [--json]                  # the module's metadata, checksum verified
     sparsec run spmm --format hyb --col-parts 4 --buckets 1,2,4,8 --random 20000,20000,0.001 --check
     sparsec run spmm --format nm --n 2 --m 4 --random 3000,2000,0.01 --check      # pruned to 2:4
     sparsec run sddmm --format srbcrs --vec 8 --dtype int8 --random 3000,2000,0.01 --check  # quantized
@@ -27,7 +29,7 @@ import os
 import sys
 import time
 
-from . import build, formats, ops, reference, workload
+from . import formats, ops, reference, workload
 from . import inspect as sinspect
 from .dtypes import dtype_spec
 
@@ -135,6 +137,8 @@ def cmd_run(args):
     matrix, seed, source = workload.load_matrix(args)
     A, info = workload.convert(matrix, spec, params, dtype)
     desc = sinspect.describe(A)
+    from . import build  # the compiler: not needed by 'inspect' on a runtime-only host
+
     kernel = build.compile(args.op, A, target=args.target, dtype=dtype, feat=args.feat)
     exact = kernel.dtypes.exact
     ran = kernel.target.can_run()
@@ -214,14 +218,37 @@ def cmd_build(args):
         fmt = formats.make_format(spec, **params)  # fully given: no matrix needed
     else:
         fmt = workload.convert(workload.load_matrix(args)[0], spec, params, dtype)[0]
+    from . import build
+
     kernel = build.compile(args.op, fmt, target=args.target, dtype=dtype, feat=args.feat)
     if args.emit_source:
         print(kernel.source())
+    if args.arch and args.output is None:
+        raise ValueError("--arch applies to the exported module: give -o FILE")
     if args.output is not None:
-        kernel.export(args.output)
+        meta = kernel.export(args.output, archs=args.arch)
+        archs = f" archs={','.join(meta['archs'])}" if meta["archs"] else ""
         print(f"{kernel.op_name} {kernel.format_spec} {kernel.target.name} {kernel.dtype} feat={args.feat} "
-              f"knobs=default {kernel.knobs} compile_s={kernel.compile_s:.2f} -> {args.output} "
+              f"knobs=default {kernel.knobs} compile_s={kernel.compile_s:.2f}{archs} -> {args.output} "
               f"({os.path.getsize(args.output)} bytes)", file=sys.stderr if args.emit_source else sys.stdout)
+    return 0
+
+
+def cmd_inspect(args):
+    from .module_file import read_metadata
+
+    meta, lib_len = read_metadata(args.file)
+    if args.json:
+        print(json.dumps(meta, indent=1, sort_keys=True))
+        return 0
+    rows = [("operator", meta["op"]), ("format", meta["format"]), ("dtype", meta["dtype"]),
+            ("target", meta["target"]), ("archs", ", ".join(meta["archs"]) or "-"),
+            ("knobs", json.dumps(meta["knobs"], sort_keys=True)),
+            ("parameters", ", ".join(f"{p['name']}:{p['role']}:{p['dtype']}" for p in meta["params"])),
+            ("sparsec", meta["sparsec_version"]), ("TVM", meta["tvm_version"]),
+            ("module format", meta["format_version"]), ("library", f"{lib_len} bytes, sha256 {meta['library_sha256']}")]
+    for k, v in rows:
+        print(f"{k:<14} {v}")
     return 0
 
 
@@ -322,9 +349,16 @@ def make_parser():
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build", parents=[common], help="compile an operator to a module or source")
     _kernel_options(p)
-    p.add_argument("-o", "--output", metavar="FILE", help="write the compiled module (export_library)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the module: loads with TVM's runtime alone "
+                                                           "(sparsec.load), CUDA compiled ahead of time")
+    p.add_argument("--arch", nargs="+", metavar="SM", help="CUDA: GPU archs whose SASS the module carries "
+                                                         "(default: the target's), e.g. sm_80 sm_90a")
     p.add_argument("--emit-source", action="store_true", help="print the CUDA / LLVM IR source")
     p.set_defaults(func=cmd_build)
+    p = sub.add_parser("inspect", parents=[common], help="print an exported module's metadata (checksum verified)")
+    p.add_argument("file", help="a module written by 'sparsec build -o' or Kernel.export")
+    p.add_argument("--json", action="store_true", help="print the metadata as JSON")
+    p.set_defaults(func=cmd_inspect)
     sub.add_parser("ops", parents=[common], help="list library operators").set_defaults(func=cmd_ops)
     p = sub.add_parser("formats", parents=[common], help="list format families, or describe one")
     p.add_argument("--describe", metavar="FMT", help="a family or spec: its axis chain and knobs; with --matrix "
@@ -383,7 +417,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # stdout closed early (sparsec build --emit-source | head)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         if getattr(args, "debug", False):  # given before or after the subcommand
             raise
         print(f"sparsec: error: {e}", file=sys.stderr)

@@ -9,7 +9,7 @@ to the GPU (once per format instance for its index arrays).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tvm
@@ -57,15 +57,22 @@ class Kernel:
 
     def source(self) -> str:
         """Generated device code: CUDA C++ for cuda targets, LLVM IR for llvm."""
+        if "metadata" in self.extra:
+            raise ValueError(f"{self.extra['path']} is an exported module: it carries machine code, not source")
         mod = self.executable.mod
         if self.target.kind == "cuda":
             return mod.imports[0].inspect_source("cuda")
         return mod.inspect_source("ll")
 
-    def export(self, path: str) -> str:
-        """Write the compiled module as a shared library (``tvm.runtime.load_module`` reads it)."""
-        self.executable.export_library(path)
-        return path
+    def export(self, path: str, archs: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Write the kernel as one file that ``sparsec.load`` (or ``tvm.runtime.load_module``)
+        opens with TVM's runtime alone: CUDA kernels are compiled now, by nvcc, to SASS for
+        ``archs`` (default: the arch compiled for). Returns the metadata stored with it."""
+        if "metadata" in self.extra:
+            raise ValueError(f"{self.extra['path']} is already an exported module; copy the file instead")
+        from .export import export_kernel
+
+        return export_kernel(self, path, archs)
 
     # ---- calling -----------------------------------------------------------------------------
     def __call__(self, A, *dense, out=None, poison: bool = False):

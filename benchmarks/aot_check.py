@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Load and run modules exported ahead of time, with TVM's runtime alone (issue 7).
+
+Export on the CPU machine (nvcc compiles the SASS there), then run this on the GPU host
+with only the runtime bundle staged and nvcc off PATH:
+
+    python benchmarks/aot_check.py --export build/aot              # CPU machine
+    TVM_USE_RUNTIME_LIB=1 PATH=/usr/bin:/bin python3 benchmarks/aot_check.py build/aot   # GPU host
+
+Each module is checked against the scipy float64 product on fresh random matrices (empty
+rows, one row holding most of the entries, sizes that are no multiple of any tile),
+with numpy inputs and with torch CUDA tensors, outputs poisoned first. It also confirms
+the refusals: a module without this GPU's arch, and a copy with one corrupted byte.
+Prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (file stem, operator, format spec, dtype, feat, archs)
+MODULES = [
+    ("spmm_csr_f32", "spmm", "csr", "float32", 64, ["sm_80", "sm_90a"]),
+    ("sddmm_csr_f32", "sddmm", "csr", "float32", 32, ["sm_80", "sm_90a"]),
+    ("spmm_ell8_f32", "spmm", "ell:8", "float32", 32, ["sm_90a"]),
+    ("spmm_bsr16_f16", "spmm", "bsr:16x16", "float16", 128, ["sm_90a"]),
+    ("spmm_csr_f32_sm80_only", "spmm", "csr", "float32", 64, ["sm_80"]),
+]
+
+
+def export_all(out: Path) -> None:
+    import sparsec
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stem, op, fmt, dtype, feat, archs in MODULES:
+        k = sparsec.compile(op, fmt, target="cuda:sm_90a", dtype=dtype, feat=feat)
+        meta = k.export(str(out / f"{stem}.so"), archs=archs)
+        print(f"{stem}: {op} {fmt} {dtype} feat={feat} archs={meta['archs']} {meta['library_bytes']} bytes")
+
+
+def matrices(rng, fmt: str, dtype: str):
+    """Fresh test matrices: odd sizes, empty rows, one very long row."""
+    out = []
+    for rows, cols, density in ((1000, 777, 0.01), (37, 53, 0.2), (4099, 3001, 0.002)):
+        m = sp.random(rows, cols, density=density, format="lil", random_state=rng, dtype=np.float64)
+        m[rows // 2, :] = rng.standard_normal(cols)  # a single huge row
+        m[: rows // 10, :] = 0  # empty rows
+        m = m.tocsr()
+        if fmt.startswith("ell"):  # ell:8 holds at most 8 per row: keep each row's first 8
+            m = sp.csr_matrix((m.data, m.indices, m.indptr), shape=m.shape)
+            for i in range(rows):
+                s, e = m.indptr[i], m.indptr[i + 1]
+                m.data[s + 8:e] = 0
+            m.eliminate_zeros()
+        if fmt.startswith("bsr"):  # whole 16 x 16 blocks
+            m = sp.random(rows // 16 * 16 + 16, cols // 16 * 16 + 16, density=density, format="csr", random_state=rng)
+            m = sp.bsr_matrix(m, blocksize=(16, 16)).tocsr()
+        out.append(m.astype(dtype))
+    return out
+
+
+def check(path: Path, rng, torch):
+    import sparsec
+    from sparsec.reference import REFERENCES, TOLERANCE, max_rel_err
+
+    k = sparsec.load(str(path))
+    meta = k.extra["metadata"]
+    feat = next(d for p in meta["params"] if p["role"] == "input" and not p["sparse"]
+                for d in p["shape"] if isinstance(d, int))
+    errs = []
+    for m in matrices(rng, meta["format"], meta["dtype"]):
+        A = sparsec.formats.convert(m, meta["format"], dtype=meta["dtype"])
+        widths = [m.shape[1]] if meta["op"] == "spmm" else [m.shape[0], m.shape[1]]
+        dense = [rng.standard_normal((w, feat)).astype(meta["dtype"]) for w in widths]
+        ref = REFERENCES[meta["op"]](A, *dense)
+        outs = [k(A, *dense, poison=True),  # numpy in, numpy out
+                k(A, *[torch.from_numpy(d).cuda() for d in dense], poison=True).cpu().numpy()]  # torch, no copies
+        errs += [max_rel_err(o, ref) for o in outs]
+    return meta, max(errs), max(errs) <= TOLERANCE[meta["dtype"]]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir", help="the directory of exported modules")
+    ap.add_argument("--export", action="store_true", help="export the modules into DIR (CPU machine, needs nvcc)")
+    ap.add_argument("--out", help="write the results as JSON")
+    args = ap.parse_args()
+    if args.export:
+        export_all(Path(args.dir))
+        return 0
+    import torch
+    import tvm
+
+    import sparsec
+    from sparsec.runtime import IncompatibleModuleError
+    from sparsec.module_file import ModuleFileError
+
+    env = {"runtime_only": bool(tvm.base._RUNTIME_ONLY), "nvcc_on_path": shutil.which("nvcc"),
+           "gpu": torch.cuda.get_device_name(), "tvm": tvm.__version__}
+    rng = np.random.default_rng(7)
+    rows = []
+    for stem, *_ in MODULES:
+        path = Path(args.dir) / f"{stem}.so"
+        try:
+            meta, err, ok = check(path, rng, torch)
+            rows.append({"module": stem, "archs": meta["archs"], "max_rel_err": err, "correct": ok})
+        except IncompatibleModuleError as e:
+            rows.append({"module": stem, "refused": str(e)})
+    bad = Path(args.dir) / "corrupted.so"
+    data = bytearray((Path(args.dir) / "spmm_csr_f32.so").read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    try:
+        sparsec.load(str(bad))
+        rows.append({"module": "corrupted copy", "refused": None})
+    except ModuleFileError as e:
+        rows.append({"module": "corrupted copy", "refused": str(e)})
+    maps = Path("/proc/self/maps").read_text()
+    env["tvm_compiler_library_loaded"] = "libtvm_compiler" in maps
+    env["nvrtc_loaded"] = "libnvrtc" in maps
+    if args.out:
+        Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    print(json.dumps(env))
+    print("| module | archs | max rel err | result |")
+    print("|---|---|---:|---|")
+    for r in rows:
+        res = "correct" if r.get("correct") else ("refused: " + str(r["refused"])[:150] if "refused" in r else "WRONG")
+        print(f"| {r['module']} | {','.join(r.get('archs', []))} | {r.get('max_rel_err', float('nan')):.2e} | {res} |")
+    return 0 if all(r.get("correct") or r.get("refused") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
