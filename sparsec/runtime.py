@@ -108,8 +108,10 @@ def load(path, *, compute_capability: Optional[str] = None):
     path = os.fspath(path)
     meta, _ = read_metadata(path)
     if meta.get("target") == "cuda":
-        cc = compute_capability or local_compute_capability()
-        check_compatible(meta, path, cc)
+        if compute_capability is None:
+            _ensure_cuda_loader()  # runtime-only TVM has no CUDA device API until this is open
+            compute_capability = local_compute_capability()
+        check_compatible(meta, path, compute_capability)
         _ensure_cuda_loader()
     else:
         check_compatible(meta, path, compute_capability)
