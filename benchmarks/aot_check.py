@@ -64,7 +64,7 @@ def matrices(rng, fmt: str, dtype: str):
         if fmt.startswith("bsr"):  # whole 16 x 16 blocks
             m = sp.random(rows // 16 * 16 + 16, cols // 16 * 16 + 16, density=density, format="csr", random_state=rng)
             m = sp.bsr_matrix(m, blocksize=(16, 16)).tocsr()
-        out.append(m.astype(dtype))
+        out.append(m.astype(np.float32))  # convert() casts to the kernel dtype
     return out
 
 
@@ -104,11 +104,15 @@ def main():
     from sparsec.module_file import ModuleFileError
     from sparsec.runtime import IncompatibleModuleError
 
+    import tvm_ffi
+
     env = {"runtime_only": bool(tvm.base._RUNTIME_ONLY), "nvcc_on_path": shutil.which("nvcc"),
-           "tvm": tvm.__version__}
+           "tvm": tvm.__version__,
+           # the hook TVM would JIT CUDA source through (NVRTC/nvcc); none in runtime-only TVM
+           "cuda_compile_callback": tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True) is not None}
     rng = np.random.default_rng(7)
     rows = []
-    # first with numpy alone (torch maps NVRTC into the process on import), then with torch tensors
+    # first with numpy arrays, then with torch CUDA tensors
     for use_torch in (False, True):
         torch = None
         if use_torch:
@@ -123,8 +127,10 @@ def main():
                 rows.append({"module": name, "refused": str(e)})
         if not use_torch:
             maps = Path("/proc/self/maps").read_text()
-            env["before_torch"] = {"tvm_compiler_library_loaded": "libtvm_compiler" in maps,
-                                   "nvrtc_loaded": "libnvrtc" in maps, "gpu": tvm.cuda(0).device_name}
+            env["after_numpy_runs"] = {"tvm_compiler_library_loaded": "libtvm_compiler" in maps,
+                                       "gpu": tvm.cuda(0).device_name,
+                                       "cuda_compile_callback": tvm_ffi.get_global_func(
+                                           "tvm_callback_cuda_compile", allow_missing=True) is not None}
     bad = Path(args.dir) / "corrupted.so"
     data = bytearray((Path(args.dir) / "spmm_csr_f32.so").read_bytes())
     data[len(data) // 3] ^= 0xFF
