@@ -1,0 +1,128 @@
+"""sparsec.torch (issue 7): the custom ops against dense torch, autograd against finite
+differences and dense autograd, torch.compile without graph breaks, and bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+torch = pytest.importorskip("torch")
+st = pytest.importorskip("sparsec.torch")
+
+from sparsec.reference import REFERENCES, max_rel_err  # noqa: E402
+
+
+def random_csr(rows, cols, density, seed, dtype=np.float32):
+    m = sp.random(rows, cols, density=density, format="lil", random_state=seed, dtype=np.float64)
+    m[: max(1, rows // 10), :] = 0  # empty rows
+    m[rows // 2, :] = np.linspace(-1, 1, cols)  # one full row
+    return m.tocsr().astype(dtype)
+
+
+def test_spmm_and_sddmm_match_the_references():
+    m = random_csr(77, 53, 0.1, 0)
+    A = st.SparseTensor(m)
+    B = torch.randn(53, 12)
+    assert max_rel_err(st.spmm(A, B).numpy(), m.astype(np.float64) @ B.double().numpy()) < 1e-5
+    X, Y = torch.randn(77, 12), torch.randn(53, 12)
+    ref = REFERENCES["sddmm"](A.instance, X.numpy(), Y.numpy())
+    assert max_rel_err(st.sddmm(A, X, Y).numpy(), ref) < 1e-5
+
+
+def test_spmm_gradients_match_dense_autograd():
+    m = random_csr(64, 48, 0.08, 1)
+    A = st.SparseTensor(m, requires_grad=True)
+    B = torch.randn(48, 10, requires_grad=True)
+    w = torch.randn(64, 10)
+    (st.spmm(A, B) * w).sum().backward()
+    dense = torch.tensor(m.toarray(), requires_grad=True)
+    Bd = B.detach().clone().requires_grad_(True)
+    ((dense @ Bd) * w).sum().backward()
+    assert torch.allclose(B.grad, Bd.grad, atol=1e-5)
+    rows, cols = A.instance.stored_coords()
+    assert np.allclose(A.values.grad.numpy(), dense.grad.numpy()[rows, cols], atol=1e-5)
+
+
+def test_spmm_gradcheck_finite_differences():
+    m = random_csr(23, 17, 0.2, 2, np.float64)
+    A = st.SparseTensor(m, dtype="float64")
+    indptr, indices = A.index
+
+    def f(values, b):
+        return st._csr_spmm_op(indptr, indices, values, *A.transpose, 23, 17, b)
+
+    v = A.values.detach().clone().requires_grad_(True)
+    b = torch.randn(17, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (v, b))
+
+
+def test_fake_implementations_and_schemas():
+    m = random_csr(40, 30, 0.1, 3)
+    A = st.SparseTensor(m)
+    B, X, Y = torch.randn(30, 8), torch.randn(40, 8), torch.randn(30, 8)
+    torch.library.opcheck(torch.ops.sparsec.spmm.default, (A.format, A.index, A.values, A.sizes, A.size_names, B),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.sparsec.sddmm.default,
+                          (A.format, A.index, A.values, A.sizes, A.size_names, X, Y),
+                          test_utils=("test_schema", "test_faketensor"))
+    v = A.values.detach().clone().requires_grad_(True)
+    torch.library.opcheck(torch.ops.sparsec.csr_spmm.default,
+                          (*A.index, v, *A.transpose, 40, 30, B.clone().requires_grad_(True)),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+class SmallGCN(torch.nn.Module):
+    """A pruned input projection (SparseLinear) and two graph convolutions."""
+
+    def __init__(self, a_hat, n_in=24, hidden=16, n_out=4):
+        super().__init__()
+        self.a_hat = a_hat
+        w = torch.randn(n_in, n_in)
+        w[torch.rand(n_in, n_in) < 0.8] = 0
+        self.proj = st.SparseLinear.from_dense(w, bias=torch.zeros(n_in))
+        self.c1, self.c2 = st.GCNConv(n_in, hidden), st.GCNConv(hidden, n_out)
+
+    def forward(self, x):
+        return self.c2(self.a_hat, torch.relu(self.c1(self.a_hat, self.proj(x))))
+
+
+def test_torch_compile_has_no_graph_breaks_and_same_gradients():
+    torch.manual_seed(0)
+    adj = sp.random(150, 150, density=0.03, format="csr", random_state=4)
+    a_hat = st.SparseTensor(st.gcn_norm(((adj + adj.T) > 0).astype(np.float32)))
+    model, x = SmallGCN(a_hat), torch.randn(150, 24)
+    explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    model(x).square().sum().backward()
+    eager = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = compiled(x)
+    assert torch.allclose(out, model(x), atol=1e-5)
+    out.square().sum().backward()
+    for g, p in zip(eager, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_sparse_linear_formats_match_dense():
+    torch.manual_seed(1)
+    w = torch.randn(32, 48)
+    w[torch.rand(32, 48) < 0.85] = 0
+    x = torch.randn(5, 7, 48)
+    dense = torch.nn.functional.linear(x, w, torch.ones(32))
+    for fmt in ("csr", "bsr:4x4", "ell"):
+        layer = st.SparseLinear.from_dense(w, bias=torch.ones(32), fmt=fmt)
+        assert layer.values.requires_grad == (fmt == "csr")
+        assert torch.allclose(layer(x), dense, atol=1e-5), fmt
+
+
+def test_bad_input_is_named():
+    A = st.SparseTensor(random_csr(20, 10, 0.2, 5))
+    with pytest.raises(ValueError, match="B should be 2-D with 10 rows"):
+        st.spmm(A, torch.randn(11, 4))
+    with pytest.raises(TypeError, match="should be torch.float32"):
+        st.spmm(A, torch.randn(10, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="SparseTensor"):
+        st.spmm(torch.randn(20, 10), torch.randn(10, 4))
+    with pytest.raises(ValueError, match="same width"):
+        st.sddmm(A, torch.randn(20, 4), torch.randn(10, 5))
