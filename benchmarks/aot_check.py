@@ -89,6 +89,33 @@ def check(path: Path, rng, torch=None):
     return meta, max(errs), max(errs) <= TOLERANCE[meta["dtype"]]
 
 
+def stream_check(path: Path, rng):
+    """The loaded kernel launches on torch's current stream: captured into a CUDA graph on
+    a side stream and replayed, it must give the right answer (a launch on another stream
+    would fail the capture or read stale inputs)."""
+    import torch
+
+    import sparsec
+    from sparsec.reference import REFERENCES, max_rel_err
+
+    k = sparsec.load(str(path))
+    m = matrices(rng, "csr", "float32")[0]
+    A = sparsec.formats.convert(m, "csr")
+    B = torch.zeros((m.shape[1], 64), device="cuda")
+    out = torch.full((m.shape[0], 64), float("nan"), device="cuda")
+    k(A, B, out=out)  # first call: uploads A's arrays (not capturable)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        k(A, B, out=out)
+    host = rng.standard_normal(B.shape).astype(np.float32)
+    B.copy_(torch.from_numpy(host))
+    out.fill_(float("nan"))
+    graph.replay()
+    err = max_rel_err(out.cpu().numpy(), REFERENCES["spmm"](A, host))
+    return {"module": "spmm_csr_f32 (CUDA graph replay)", "archs": k.extra["metadata"]["archs"],
+            "max_rel_err": err, "correct": err <= 1e-5}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", help="the directory of exported modules")
@@ -131,6 +158,7 @@ def main():
                                        "gpu": tvm.cuda(0).device_name,
                                        "cuda_compile_callback": tvm_ffi.get_global_func(
                                            "tvm_callback_cuda_compile", allow_missing=True) is not None}
+    rows.append(stream_check(Path(args.dir) / "spmm_csr_f32.so", rng))
     bad = Path(args.dir) / "corrupted.so"
     data = bytearray((Path(args.dir) / "spmm_csr_f32.so").read_bytes())
     data[len(data) // 3] ^= 0xFF

@@ -81,7 +81,13 @@ class Kernel:
         ``poison=True`` fills freshly allocated outputs with NaN first, so that an element
         the kernel fails to write shows up in a check."""
         args, outs, like_torch = self.prepare(A, *dense, out=out, poison=poison)
-        self.executable[self.op_name](*args)
+        if like_torch and self.target.kind == "cuda":  # on torch's current stream, as torch's own ops
+            import tvm_ffi
+
+            with tvm_ffi.use_torch_stream():
+                self.executable[self.op_name](*args)
+        else:
+            self.executable[self.op_name](*args)
         return self._finish(outs, like_torch)
 
     def prepare(self, A, *dense, out=None, poison: bool = False):

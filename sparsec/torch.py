@@ -16,6 +16,7 @@ DLPack, on the current CUDA stream, without copies.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -68,8 +69,19 @@ def _launch(op: str, fmt: str, index: Sequence[torch.Tensor], values: torch.Tens
                                      for d in p.shape], dtype=getattr(torch, p.dtype), device=values.device))
         else:
             args.append(int(sizes[p.name]))
-    kernel.executable[kernel.op_name](*args)
+    with _on_torch_stream(values.device):
+        kernel.executable[kernel.op_name](*args)
     return out
+
+
+def _on_torch_stream(device: torch.device):
+    """TVM launches on its own current stream (the legacy default unless set): point it at
+    torch's current stream, so the kernel orders with torch's work and CUDA-graph capture."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    import tvm_ffi
+
+    return tvm_ffi.use_torch_stream()
 
 
 def _out_dtype(values: torch.Tensor) -> torch.dtype:
