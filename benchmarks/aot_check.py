@@ -135,8 +135,15 @@ def main():
 
     env = {"runtime_only": bool(tvm.base._RUNTIME_ONLY), "nvcc_on_path": shutil.which("nvcc"),
            "tvm": tvm.__version__,
-           # the hook TVM would JIT CUDA source through (NVRTC/nvcc); none in runtime-only TVM
+           # the hook TVM would JIT CUDA source through (NVRTC/nvcc) if a module held source
            "cuda_compile_callback": tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True) is not None}
+    compiles = []
+
+    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+    def refuse_to_compile(*_args):  # any JIT at load would land here and fail the run
+        compiles.append(1)
+        raise RuntimeError("aot_check: a CUDA compile was attempted while loading an exported module")
+
     rng = np.random.default_rng(7)
     rows = []
     # first with numpy arrays, then with torch CUDA tensors
@@ -155,9 +162,7 @@ def main():
         if not use_torch:
             maps = Path("/proc/self/maps").read_text()
             env["after_numpy_runs"] = {"tvm_compiler_library_loaded": "libtvm_compiler" in maps,
-                                       "gpu": tvm.cuda(0).device_name,
-                                       "cuda_compile_callback": tvm_ffi.get_global_func(
-                                           "tvm_callback_cuda_compile", allow_missing=True) is not None}
+                                       "gpu": tvm.cuda(0).device_name}
     rows.append(stream_check(Path(args.dir) / "spmm_csr_f32.so", rng))
     bad = Path(args.dir) / "corrupted.so"
     data = bytearray((Path(args.dir) / "spmm_csr_f32.so").read_bytes())
@@ -169,6 +174,7 @@ def main():
     except ModuleFileError as e:
         rows.append({"module": "corrupted copy", "refused": str(e)})
     env["tvm_compiler_library_loaded_at_end"] = "libtvm_compiler" in Path("/proc/self/maps").read_text()
+    env["cuda_compiles_attempted"] = len(compiles)
     if args.out:
         Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     print(json.dumps(env))
@@ -177,7 +183,7 @@ def main():
     for r in rows:
         res = "correct" if r.get("correct") else ("refused: " + str(r["refused"])[:150] if "refused" in r else "WRONG")
         print(f"| {r['module']} | {','.join(r.get('archs', []))} | {r.get('max_rel_err', float('nan')):.2e} | {res} |")
-    return 0 if all(r.get("correct") or r.get("refused") for r in rows) else 1
+    return 0 if all(r.get("correct") or r.get("refused") for r in rows) and not compiles else 1
 
 
 if __name__ == "__main__":
