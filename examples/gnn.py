@@ -108,7 +108,7 @@ def main():
         labels = torch.randint(0, args.classes, (n,), generator=gen).to(device)
         for mname, cls in (("GCN", GCN), ("GraphSAGE", SAGE)):
             a = mats[mname]
-            a_sparsec = st.SparseTensor(a, device=device)
+            a_sparsec = st.SparseTensor(a, "auto", feat=args.hidden, device=device)  # csr or hyb by row skew
             a_torch = torch.sparse_csr_tensor(torch.from_numpy(a.indptr.astype(np.int64)),
                                               torch.from_numpy(a.indices.astype(np.int64)),
                                               torch.from_numpy(a.data), a.shape).to(device)
@@ -116,7 +116,7 @@ def main():
             torch.manual_seed(1)
             models = {k: cls().to(device) for k in contestants}
             models["torch.sparse"].load_state_dict(models["sparsec"].state_dict())
-            row = {"graph": gname, "nodes": n, "edges": int(a.nnz), "model": mname,
+            row = {"graph": gname, "nodes": n, "edges": int(a.nnz), "model": mname, "format": a_sparsec.format,
                    "features": args.features, "hidden": args.hidden, "classes": args.classes}
             outs, grads = {}, {}
             for k, (agg, am) in contestants.items():
@@ -153,11 +153,11 @@ def main():
     if args.out:
         Path(args.out).write_text(json.dumps({"device": gpu, "rows": rows}, indent=1))
     print(f"device: {gpu}")
-    print("| graph | model | nodes | edges | forward ms sparsec / torch.sparse | speedup | train step ms "
+    print("| graph | model | sparsec format | nodes | edges | forward ms sparsec / torch.sparse | speedup | train step ms "
           "sparsec / torch.sparse | speedup | correct |")
-    print("|---|---|---:|---:|---|---:|---|---:|---|")
+    print("|---|---|---|---:|---:|---|---:|---|---:|---|")
     for r in rows:
-        print(f"| {r['graph']} | {r['model']} | {r['nodes']} | {r['edges']} | {r['sparsec_forward_ms']:.3f} / "
+        print(f"| {r['graph']} | {r['model']} | {r['format'].split('[')[0]} | {r['nodes']} | {r['edges']} | {r['sparsec_forward_ms']:.3f} / "
               f"{r['torch.sparse_forward_ms']:.3f} | {r['forward_speedup']:.2f}x | {r['sparsec_train_step_ms']:.3f} / "
               f"{r['torch.sparse_train_step_ms']:.3f} | {r['train_step_speedup']:.2f}x | {r['correct']} |")
 

@@ -27,32 +27,43 @@ import torch
 
 from .dtypes import dtype_spec
 from .formats import FormatInstance, convert, make_format
-from .kernel import scalar_values
+from .kernel import index_arrays, scalar_values
 
 __all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for"]
 
 
 # ---- kernels ------------------------------------------------------------------------------
+# Matrices the ops have seen, by key: a kernel is compiled for the converted matrix itself, so
+# that its format's automatic knobs and any tuning record for it apply (sparsec.compile
+# knobs="tuned"). The ops carry the key, a string, through torch.compile like any constant.
+_MATRICES: Dict[str, Tuple[FormatInstance, Tuple[str, ...]]] = {}
+
+
+def _register(inst) -> str:
+    key = f"{inst.format.spec}#{len(_MATRICES)}"
+    _MATRICES[key] = (inst, tuple(index_arrays(inst)))
+    return key
+
+
 @functools.lru_cache(maxsize=256)
-def kernel_for(op: str, fmt: str, dtype: str, feat: int, device_type: str):
-    """The compiled sparsec kernel for an op on a format, dtype, dense width and device."""
+def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
+    """The compiled sparsec kernel for an op on a registered matrix, dtype, dense width and
+    device (``llvm`` on the CPU, ``cuda`` on a GPU); tuned knobs where a record exists."""
     from .build import compile as sparsec_compile
 
+    inst = _MATRICES[key][0]
     target = "llvm" if device_type == "cpu" else "cuda"
-    return sparsec_compile(op, fmt, target=target, dtype=dtype, feat=feat)
+    return sparsec_compile(op, inst, target=target, dtype=dtype, feat=feat, knobs="tuned")
 
 
-@functools.lru_cache(maxsize=256)
-def _index_names(fmt: str) -> Tuple[str, ...]:
-    return tuple(make_format(fmt).index_array_names())
-
-
-def _launch(op: str, fmt: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
+def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
             dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Run the kernel on tensors already in place: argument order from its parameter list."""
+    if key not in _MATRICES:
+        raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor")
     feat = int(dense[0].shape[1])
-    kernel = kernel_for(op, fmt, str(values.dtype).replace("torch.", ""), feat, values.device.type)
-    by_index = dict(zip(_index_names(fmt), index))
+    kernel = kernel_for(op, key, str(values.dtype).replace("torch.", ""), feat, values.device.type)
+    by_index = dict(zip(_MATRICES[key][1], index))
     inputs = iter(dense)
     args = []
     for p in kernel.params:
@@ -65,8 +76,8 @@ def _launch(op: str, fmt: str, index: Sequence[torch.Tensor], values: torch.Tens
         elif p.role == "output":
             args.append(out)
         elif p.role == "temp":
-            args.append(torch.zeros([sizes[d] if isinstance(d, str) else (values.numel() if d is None else d)
-                                     for d in p.shape], dtype=getattr(torch, p.dtype), device=values.device))
+            shape = [values.numel()] if p.sparse else [sizes[d] if isinstance(d, str) else d for d in p.shape]
+            args.append(torch.zeros(shape, dtype=getattr(torch, p.dtype), device=values.device))
         else:
             args.append(int(sizes[p.name]))
     with _on_torch_stream(values.device):
@@ -104,101 +115,152 @@ def _check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
 
 # ---- the custom ops ---------------------------------------------------------------------------
 @torch.library.custom_op("sparsec::spmm", mutates_args=())
-def _spmm_op(fmt: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
+def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
              b: torch.Tensor) -> torch.Tensor:
     s = _sizes(size_names, sizes)
     _check_dense("B", b, s["cols"], values)
-    out = torch.empty((s["rows"], b.shape[1]), dtype=_out_dtype(values), device=b.device)
-    return _launch("spmm", fmt, index, values, s, [b], out)
+    out = torch.zeros((s["rows"], b.shape[1]), dtype=_out_dtype(values), device=b.device)
+    return _launch("spmm", key, index, values, s, [b], out)
 
 
 @_spmm_op.register_fake
-def _(fmt, index, values, sizes, size_names, b):
+def _(key, index, values, sizes, size_names, b):
     return b.new_empty((_sizes(size_names, sizes)["rows"], b.shape[1]), dtype=_out_dtype(values))
 
 
 @torch.library.custom_op("sparsec::sddmm", mutates_args=())
-def _sddmm_op(fmt: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
+def _sddmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
               x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     s = _sizes(size_names, sizes)
     _check_dense("X", x, s["rows"], values)
     _check_dense("Y", y, s["cols"], values)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"X and Y should have the same width, got {x.shape[1]} and {y.shape[1]}")
-    out = torch.empty(values.shape, dtype=_out_dtype(values), device=values.device)
-    return _launch("sddmm", fmt, index, values, s, [x, y], out)
+    out = torch.zeros(values.shape, dtype=_out_dtype(values), device=values.device)
+    return _launch("sddmm", key, index, values, s, [x, y], out)
 
 
 @_sddmm_op.register_fake
-def _(fmt, index, values, sizes, size_names, x, y):
+def _(key, index, values, sizes, size_names, x, y):
     return values.new_empty(values.shape, dtype=_out_dtype(values))
 
 
-@torch.library.custom_op("sparsec::csr_spmm", mutates_args=())
-def _csr_spmm_op(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, t_indptr: torch.Tensor,
-                 t_indices: torch.Tensor, t_perm: torch.Tensor, rows: int, cols: int,
-                 b: torch.Tensor) -> torch.Tensor:
-    """CSR SpMM with the transpose's structure along, for the backward pass."""
-    return _spmm_op(*_csr_args(indptr, indices, values, rows, cols), b)
+@torch.library.custom_op("sparsec::spmm_ad", mutates_args=())
+def _spmm_ad_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
+                t_key: str, t_index: List[torch.Tensor], t_slots: torch.Tensor, t_sizes: List[int],
+                t_size_names: str, b: torch.Tensor) -> torch.Tensor:
+    """SpMM with A transposed alongside (``t_*``; ``t_slots[k]``: the slot of A whose value
+    the transpose's slot k holds, or A's slot count for padding), for the backward pass."""
+    return _spmm_op(key, index, values, sizes, size_names, b)
 
 
-@_csr_spmm_op.register_fake
-def _(indptr, indices, values, t_indptr, t_indices, t_perm, rows, cols, b):
-    return b.new_empty((rows, b.shape[1]), dtype=_out_dtype(values))
+@_spmm_ad_op.register_fake
+def _(key, index, values, sizes, size_names, t_key, t_index, t_slots, t_sizes, t_size_names, b):
+    return b.new_empty((_sizes(size_names, sizes)["rows"], b.shape[1]), dtype=_out_dtype(values))
 
 
-def _csr_args(indptr, indices, values, rows, cols):
-    return "csr", [indptr, indices], values, [rows, rows, cols], "n_i,rows,cols"
+def _spmm_ad_setup(ctx, inputs, output):
+    key, index, values, sizes, size_names, t_key, t_index, t_slots, t_sizes, t_size_names, b = inputs
+    ctx.save_for_backward(values, t_slots, b, *index, *t_index)
+    ctx.n_index = len(index)
+    ctx.meta = (key, sizes, size_names, t_key, t_sizes, t_size_names)
 
 
-def _csr_spmm_setup(ctx, inputs, output):
-    indptr, indices, values, t_indptr, t_indices, t_perm, rows, cols, b = inputs
-    ctx.save_for_backward(indptr, indices, values, t_indptr, t_indices, t_perm, b)
-    ctx.rows, ctx.cols = rows, cols
-
-
-def _csr_spmm_backward(ctx, grad):
-    indptr, indices, values, t_indptr, t_indices, t_perm, b = ctx.saved_tensors
+def _spmm_ad_backward(ctx, grad):
+    values, t_slots, b, *arrays = ctx.saved_tensors
+    index, t_index = arrays[:ctx.n_index], arrays[ctx.n_index:]
+    key, sizes, size_names, t_key, t_sizes, t_size_names = ctx.meta
     grad = grad.contiguous().to(values.dtype)
     grad_values = grad_b = None
-    if ctx.needs_input_grad[8]:  # dB = A^T dC: SpMM on the transpose, values carried by t_perm
-        grad_b = _spmm_op(*_csr_args(t_indptr, t_indices, values[t_perm], ctx.cols, ctx.rows), grad)
-    if ctx.needs_input_grad[2]:  # dA[i, j] = dC[i, :] . B[j, :] at A's stored slots
-        grad_values = _sddmm_op(*_csr_args(indptr, indices, torch.ones_like(values), ctx.rows, ctx.cols), grad,
-                                b.contiguous())
-    return None, None, grad_values, None, None, None, None, None, grad_b
+    if ctx.needs_input_grad[10]:  # dB = A^T dC: SpMM on the transpose, A's values moved to its slots
+        t_values = torch.cat([values, values.new_zeros(1)])[t_slots]
+        grad_b = _spmm_op(t_key, t_index, t_values, t_sizes, t_size_names, grad)
+    if ctx.needs_input_grad[2]:  # dA[i, j] = dC[i, :] . B[j, :] at A's stored slots (0 on padding)
+        grad_values = _sddmm_op(key, index, torch.ones_like(values), sizes, size_names, grad, b.contiguous())
+    no_index, no_t_index = [None] * len(index), [None] * len(t_index)
+    return None, no_index, grad_values, None, None, None, no_t_index, None, None, None, grad_b
 
 
-torch.library.register_autograd("sparsec::csr_spmm", _csr_spmm_backward, setup_context=_csr_spmm_setup)
+torch.library.register_autograd("sparsec::spmm_ad", _spmm_ad_backward, setup_context=_spmm_ad_setup)
 
 
 # ---- user-facing wrappers ------------------------------------------------------------------------
+def _slot_map(inst, t_inst) -> np.ndarray:
+    """For each stored slot of ``t_inst`` (A transposed, any format) the slot of ``inst``
+    holding the same entry; padding slots get ``inst.stored`` (an appended zero)."""
+    rows, cols = inst.stored_coords()
+    t_rows, t_cols = t_inst.stored_coords()
+    n_cols = inst.shape[1]
+    real = np.flatnonzero(rows >= 0)
+    keys = rows[real].astype(np.int64) * n_cols + cols[real]
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    out = np.full(t_rows.shape, inst.stored, dtype=np.int64)
+    ok = t_rows >= 0
+    want = t_cols[ok].astype(np.int64) * n_cols + t_rows[ok]
+    pos = np.searchsorted(sorted_keys, want)
+    pos = np.minimum(pos, max(len(sorted_keys) - 1, 0))
+    if len(sorted_keys) and not np.array_equal(sorted_keys[pos], want):
+        raise ValueError("the transposed matrix holds an entry the matrix does not")
+    if int(ok.sum()) != len(real):
+        raise ValueError(f"the transpose holds {int(ok.sum())} entries, the matrix {len(real)}")
+    out[np.flatnonzero(ok)] = real[order[pos]] if len(sorted_keys) else inst.stored
+    return out
+
+
+def transpose_spec(spec: str) -> Optional[str]:
+    """The format A's transpose takes for SpMM's backward pass, or None where converting the
+    transpose could change its entries (N:M prunes, SR-BCRS quantizes)."""
+    family = spec.split(":", 1)[0].split("[", 1)[0]
+    if family in ("csr", "ell", "hyb"):
+        return family  # ell and hyb size their widths and buckets for the transpose
+    if family == "bsr":
+        r, c = spec.split(":", 1)[1].split("x")
+        return f"bsr:{c}x{r}"
+    return None
+
+
 class SparseTensor:
     """A matrix converted to a sparsec format, its index arrays on ``device`` (moved once)
-    and its values a tensor (``values``) that may require grad. CSR matrices also keep
-    their transpose's structure, for SpMM's backward pass."""
+    and its values a tensor (``values``) that may require grad.
 
-    def __init__(self, matrix, fmt: str = "csr", *, device="cpu", dtype=None, requires_grad: bool = False):
-        inst = matrix if isinstance(matrix, FormatInstance) else convert(matrix, fmt, dtype=dtype)
-        self.instance = inst
-        self.format = inst.format.spec
-        self.shape = tuple(inst.shape)
+    ``fmt="auto"`` takes sparsec's default format for SpMM at width ``feat`` (CSR on
+    meshes, hyb where rows are skewed: ``sparsec.formats.choose``). With ``grad=True`` (the
+    default) A's transpose is converted too, in the same family, with the map that carries
+    A's values to its slots: SpMM's backward pass is then one more SpMM. ``grad=None``
+    does so where the format allows it (:func:`transpose_spec`)."""
+
+    def __init__(self, matrix, fmt: str = "csr", *, device="cpu", dtype=None, requires_grad: bool = False,
+                 grad: Optional[bool] = None, feat: Optional[int] = None):
+        if isinstance(matrix, FormatInstance):
+            inst = matrix
+        else:
+            m = sp.csr_matrix(matrix)
+            if fmt == "auto":
+                from .formats.choose import default_format, row_stats
+
+                fmt = default_format("spmm", row_stats(m), feat)
+            inst = convert(m, fmt, dtype=dtype)
+        self.instance, self.format, self.shape = inst, inst.format.spec, tuple(inst.shape)
+        self.key = _register(inst)
         device = torch.device(device)
-        self.index = [torch.from_numpy(np.ascontiguousarray(inst.arrays[n])).to(device)
-                      for n in _index_names(self.format)]
+        self.index = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in index_arrays(inst).values()]
         self.values = torch.from_numpy(np.ascontiguousarray(inst.data)).to(device).requires_grad_(requires_grad)
         sizes = scalar_values(inst)
-        self.size_names = ",".join(sizes)
-        self.sizes = [int(v) for v in sizes.values()]
+        self.size_names, self.sizes = ",".join(sizes), [int(v) for v in sizes.values()]
         self.transpose = None
-        if self.format == "csr":
-            n = inst.data.size
-            t = sp.csr_matrix((np.arange(n, dtype=np.float64), inst.arrays["indices"], inst.arrays["indptr"]),
-                              shape=self.shape).T.tocsr()  # data: which slot of A each slot of A^T holds
-            t.sort_indices()
-            self.transpose = [torch.from_numpy(a.astype(np.int32)).to(device)
-                              for a in (t.indptr, t.indices)] + \
-                             [torch.from_numpy(t.data.astype(np.int64)).to(device)]
+        t_spec = transpose_spec(self.format)
+        if grad and t_spec is None:
+            raise ValueError(f"{self.format} matrices have no backward pass here: converting the transpose "
+                             "could change its entries (use csr, ell, hyb or bsr to train)")
+        if grad is not False and t_spec is not None:
+            t_inst = convert(inst.to_scipy().T.tocsr(), t_spec, dtype=inst.value_dtype)
+            t_sizes = scalar_values(t_inst)
+            self.transpose = (_register(t_inst),
+                              [torch.from_numpy(np.ascontiguousarray(a)).to(device)
+                               for a in index_arrays(t_inst).values()],
+                              torch.from_numpy(_slot_map(inst, t_inst)).to(device),
+                              [int(v) for v in t_sizes.values()], ",".join(t_sizes))
 
     @property
     def device(self):
@@ -209,24 +271,26 @@ class SparseTensor:
 
 
 def spmm(A: SparseTensor, B: torch.Tensor) -> torch.Tensor:
-    """``A @ B`` (B: cols x feat). Differentiable in B and, for CSR, in ``A.values``."""
+    """``A @ B`` (B: cols x feat), differentiable in B and ``A.values`` when A was built with
+    ``grad=True``."""
     if not isinstance(A, SparseTensor):
         raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
     if A.transpose is not None:
-        indptr, indices = A.index
-        return _csr_spmm_op(indptr, indices, A.values, *A.transpose, A.shape[0], A.shape[1], B)
-    return _spmm_op(A.format, A.index, A.values, A.sizes, A.size_names, B)
+        return _spmm_ad_op(A.key, A.index, A.values, A.sizes, A.size_names, *A.transpose, B)
+    return _spmm_op(A.key, A.index, A.values, A.sizes, A.size_names, B)
 
 
 def sddmm(A: SparseTensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """``A[i, j] * (X[i, :] . Y[j, :])`` at each stored slot of A (not differentiable)."""
-    return _sddmm_op(A.format, A.index, A.values, A.sizes, A.size_names, X, Y)
+    if not isinstance(A, SparseTensor):
+        raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
+    return _sddmm_op(A.key, A.index, A.values, A.sizes, A.size_names, X, Y)
 
 
 class SparseLinear(torch.nn.Module):
-    """``y = x @ W^T + b`` with a pruned weight W (out x in) held sparse. CSR weights train
-    (the values are a Parameter); other formats (``bsr:RxC``, ``nm:N:M``, ``srbcrs:vV,int8``
-    ...) are inference-only."""
+    """``y = x @ W^T + b`` with a pruned weight W (out x in) held sparse. CSR, ELL, hyb and
+    BSR weights train (the values are a Parameter); N:M and SR-BCRS weights
+    (``nm:2,4``, ``srbcrs:v8,int8``) are inference-only."""
 
     def __init__(self, weight: SparseTensor, bias: Optional[torch.Tensor] = None):
         super().__init__()
@@ -240,7 +304,7 @@ class SparseLinear(torch.nn.Module):
     def from_dense(cls, weight, bias=None, fmt: str = "csr", device=None, dtype=None):
         w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
         device = device or (weight.device if isinstance(weight, torch.Tensor) else "cpu")
-        st = SparseTensor(sp.csr_matrix(w) if fmt == "csr" else w, fmt, device=device, dtype=dtype)
+        st = SparseTensor(sp.csr_matrix(w), fmt, device=device, dtype=dtype)
         return cls(st, None if bias is None else torch.as_tensor(bias, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,10 @@ def test_spmm_and_sddmm_match_the_references():
     assert max_rel_err(st.sddmm(A, X, Y).numpy(), ref) < 1e-5
 
 
-def test_spmm_gradients_match_dense_autograd():
+@pytest.mark.parametrize("fmt", ["csr", "hyb", "ell", "bsr:2x3", "auto"])
+def test_spmm_gradients_match_dense_autograd(fmt):
     m = random_csr(64, 48, 0.08, 1)
-    A = st.SparseTensor(m, requires_grad=True)
+    A = st.SparseTensor(m, fmt, requires_grad=True)
     B = torch.randn(48, 10, requires_grad=True)
     w = torch.randn(64, 10)
     (st.spmm(A, B) * w).sum().backward()
@@ -40,16 +41,17 @@ def test_spmm_gradients_match_dense_autograd():
     ((dense @ Bd) * w).sum().backward()
     assert torch.allclose(B.grad, Bd.grad, atol=1e-5)
     rows, cols = A.instance.stored_coords()
-    assert np.allclose(A.values.grad.numpy(), dense.grad.numpy()[rows, cols], atol=1e-5)
+    real = rows >= 0
+    assert np.allclose(A.values.grad.numpy()[real], dense.grad.numpy()[rows[real], cols[real]], atol=1e-5)
+    assert not A.values.grad.numpy()[~real].any()  # padding slots get no gradient
 
 
 def test_spmm_gradcheck_finite_differences():
     m = random_csr(23, 17, 0.2, 2, np.float64)
     A = st.SparseTensor(m, dtype="float64")
-    indptr, indices = A.index
 
     def f(values, b):
-        return st._csr_spmm_op(indptr, indices, values, *A.transpose, 23, 17, b)
+        return st._spmm_ad_op(A.key, A.index, values, A.sizes, A.size_names, *A.transpose, b)
 
     v = A.values.detach().clone().requires_grad_(True)
     b = torch.randn(17, 5, dtype=torch.float64, requires_grad=True)
@@ -60,14 +62,14 @@ def test_fake_implementations_and_schemas():
     m = random_csr(40, 30, 0.1, 3)
     A = st.SparseTensor(m)
     B, X, Y = torch.randn(30, 8), torch.randn(40, 8), torch.randn(30, 8)
-    torch.library.opcheck(torch.ops.sparsec.spmm.default, (A.format, A.index, A.values, A.sizes, A.size_names, B),
+    torch.library.opcheck(torch.ops.sparsec.spmm.default, (A.key, A.index, A.values, A.sizes, A.size_names, B),
                           test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.sparsec.sddmm.default,
-                          (A.format, A.index, A.values, A.sizes, A.size_names, X, Y),
+                          (A.key, A.index, A.values, A.sizes, A.size_names, X, Y),
                           test_utils=("test_schema", "test_faketensor"))
     v = A.values.detach().clone().requires_grad_(True)
-    torch.library.opcheck(torch.ops.sparsec.csr_spmm.default,
-                          (*A.index, v, *A.transpose, 40, 30, B.clone().requires_grad_(True)),
+    torch.library.opcheck(torch.ops.sparsec.spmm_ad.default,
+                          (A.key, A.index, v, A.sizes, A.size_names, *A.transpose, B.clone().requires_grad_(True)),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -110,10 +112,18 @@ def test_sparse_linear_formats_match_dense():
     w[torch.rand(32, 48) < 0.85] = 0
     x = torch.randn(5, 7, 48)
     dense = torch.nn.functional.linear(x, w, torch.ones(32))
-    for fmt in ("csr", "bsr:4x4", "ell"):
+    for fmt in ("csr", "bsr:4x4", "ell", "hyb"):
         layer = st.SparseLinear.from_dense(w, bias=torch.ones(32), fmt=fmt)
-        assert layer.values.requires_grad == (fmt == "csr")
+        assert layer.values.requires_grad
         assert torch.allclose(layer(x), dense, atol=1e-5), fmt
+    from sparsec.formats import nm
+
+    w24 = torch.where(torch.from_numpy(nm.prune(w.numpy(), n=2, m=4)[1]), w, 0)
+    pruned = st.SparseLinear.from_dense(w24, fmt="nm:2:4")  # N:M: inference only
+    assert not pruned.values.requires_grad
+    assert torch.allclose(pruned(x), torch.nn.functional.linear(x, w24), atol=1e-5)
+    with pytest.raises(ValueError, match="no backward pass"):
+        st.SparseTensor(w24.numpy(), "nm:2:4", grad=True)
 
 
 def test_bad_input_is_named():
