@@ -56,32 +56,56 @@ def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
     return sparsec_compile(op, inst, target=target, dtype=dtype, feat=feat, knobs="tuned")
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
+    """(function, argument recipe) of a kernel: worked out once, so a call only fills slots."""
+    kernel = kernel_for(op, key, dtype, feat, device_type)
+    index_pos = {n: i for i, n in enumerate(_MATRICES[key][1])}
+    recipe, n_dense = [], 0
+    for p in kernel.params:
+        if p.role == "index":
+            recipe.append(("index", index_pos[p.name]))
+        elif p.role == "input" and p.sparse:
+            recipe.append(("values", None))
+        elif p.role == "input":
+            recipe.append(("dense", n_dense))
+            n_dense += 1
+        elif p.role == "output":
+            recipe.append(("out", None))
+        elif p.role == "temp":
+            recipe.append(("temp", p))
+        else:
+            recipe.append(("size", p.name))
+    return kernel.executable[kernel.op_name], tuple(recipe)
+
+
 def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
             dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Run the kernel on tensors already in place: argument order from its parameter list."""
     if key not in _MATRICES:
         raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor")
-    feat = int(dense[0].shape[1])
-    kernel = kernel_for(op, key, str(values.dtype).replace("torch.", ""), feat, values.device.type)
-    by_index = dict(zip(_MATRICES[key][1], index))
-    inputs = iter(dense)
+    func, recipe = _plan(op, key, str(values.dtype)[6:], int(dense[0].shape[1]), values.device.type)
+    dense = [d if d.is_contiguous() else d.contiguous() for d in dense]
     args = []
-    for p in kernel.params:
-        if p.role == "index":
-            args.append(by_index[p.name])
-        elif p.role == "input" and p.sparse:
+    for kind, what in recipe:
+        if kind == "index":
+            args.append(index[what])
+        elif kind == "values":
             args.append(values)
-        elif p.role == "input":
-            args.append(next(inputs).contiguous())
-        elif p.role == "output":
+        elif kind == "dense":
+            args.append(dense[what])
+        elif kind == "out":
             args.append(out)
-        elif p.role == "temp":
-            shape = [values.numel()] if p.sparse else [sizes[d] if isinstance(d, str) else d for d in p.shape]
-            args.append(torch.zeros(shape, dtype=getattr(torch, p.dtype), device=values.device))
+        elif kind == "size":
+            args.append(sizes[what])
         else:
-            args.append(int(sizes[p.name]))
-    with _on_torch_stream(values.device):
-        kernel.executable[kernel.op_name](*args)
+            shape = [values.numel()] if what.sparse else [sizes[d] if isinstance(d, str) else d for d in what.shape]
+            args.append(torch.zeros(shape, dtype=getattr(torch, what.dtype), device=values.device))
+    if values.device.type == "cuda":
+        with _on_torch_stream(values.device):
+            func(*args)
+    else:
+        func(*args)
     return out
 
 
@@ -114,13 +138,17 @@ def _check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
 
 
 # ---- the custom ops ---------------------------------------------------------------------------
+def _spmm_impl(key, index, values, sizes, size_names, b):
+    s = _sizes(size_names, sizes)
+    _check_dense("B", b, s["cols"], values)
+    out = torch.empty((s["rows"], b.shape[1]), dtype=_out_dtype(values), device=b.device)  # every element written
+    return _launch("spmm", key, index, values, s, [b], out)
+
+
 @torch.library.custom_op("sparsec::spmm", mutates_args=())
 def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
              b: torch.Tensor) -> torch.Tensor:
-    s = _sizes(size_names, sizes)
-    _check_dense("B", b, s["cols"], values)
-    out = torch.zeros((s["rows"], b.shape[1]), dtype=_out_dtype(values), device=b.device)
-    return _launch("spmm", key, index, values, s, [b], out)
+    return _spmm_impl(key, index, values, sizes, size_names, b)
 
 
 @_spmm_op.register_fake
@@ -136,7 +164,7 @@ def _sddmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: 
     _check_dense("Y", y, s["cols"], values)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"X and Y should have the same width, got {x.shape[1]} and {y.shape[1]}")
-    out = torch.zeros(values.shape, dtype=_out_dtype(values), device=values.device)
+    out = torch.empty(values.shape, dtype=_out_dtype(values), device=values.device)
     return _launch("sddmm", key, index, values, s, [x, y], out)
 
 
@@ -151,7 +179,7 @@ def _spmm_ad_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes
                 t_size_names: str, b: torch.Tensor) -> torch.Tensor:
     """SpMM with A transposed alongside (``t_*``; ``t_slots[k]``: the slot of A whose value
     the transpose's slot k holds, or A's slot count for padding), for the backward pass."""
-    return _spmm_op(key, index, values, sizes, size_names, b)
+    return _spmm_impl(key, index, values, sizes, size_names, b)
 
 
 @_spmm_ad_op.register_fake
