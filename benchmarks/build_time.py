@@ -6,7 +6,8 @@
 Builds a fixed list of SpMM candidates (the slowest builds of a 64-trial H200 run: hyb with
 many buckets and interleaved row groups; plus a plain CSR) one at a time, in this process,
 the way the tuner's build workers do (``sparsec.tune.runner``: convert, ``sparsec.compile``,
-export, device code compiled ahead), and prints the seconds of each stage. ``--unroll``
+export ahead of time), and prints the seconds of each stage (the export's nvcc share is
+timed on its own with ``sparsec.export.nvcc_fatbin``). ``--unroll``
 picks how unrolled loops are built (``SPARSEC_CUDA_UNROLL``): ``pragma``, the default,
 leaves them to nvcc (``#pragma unroll``); ``explicit`` has TVM copy their bodies.
 benchmarks/unroll_check.py times the kernels of both on a GPU. CPU only; no GPU needed.
@@ -38,6 +39,7 @@ def time_builds(matrix_name: str, unroll: str):
 
     import sparsec
     from sparsec.bench.cases import load_suites_module
+    from sparsec.export import nvcc_fatbin
     from sparsec.tune import runner as RN
 
     cache = load_suites_module().DEFAULT_CACHE
@@ -58,7 +60,7 @@ def time_builds(matrix_name: str, unroll: str):
                 t2 = time.perf_counter()
                 k.export(str(Path(tmp) / f"c{i}.so"))
                 t3 = time.perf_counter()
-                RN._precompile_cuda(k, tmp)
+                nvcc_fatbin(k.source(), [k.target.arch])
                 t4 = time.perf_counter()
                 rows.append({"unroll": unroll, "format": cand["format"], "format_knobs": fk, "schedule_knobs": sk,
                              "feat": feat, "convert_s": t1 - t0, "tvm_s": t2 - t1, "export_s": t3 - t2,

@@ -49,7 +49,9 @@ def nvcc_fatbin(source: str, archs: Sequence[str], nvcc: Optional[str] = None) -
         src, out = os.path.join(tmp, "kernels.cu"), os.path.join(tmp, "kernels.fatbin")
         with open(src, "w") as f:
             f.write(source)
-        cmd = [nvcc, "--fatbin", "-O3", "-std=c++17", "-w", src, "-o", out]
+        # --split-compile: a hyb with dozens of parts is one source with dozens of kernels,
+        # optimised in parallel threads
+        cmd = [nvcc, "--fatbin", "-O3", "-std=c++17", "-w", "--split-compile=0", src, "-o", out]
         for a in check_archs(archs):
             cmd.append(f"-gencode=arch=compute_{a[3:]},code={a}")
         res = subprocess.run(cmd, capture_output=True, text=True)

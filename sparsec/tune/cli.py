@@ -44,6 +44,9 @@ def add_parser(sub, common, positive_int, count):
     p.add_argument("--build-timeout", type=float, default=120.0, metavar="S",
                    help="per-candidate build limit (s); a slower build is recorded as a timeout")
     p.add_argument("--devices", type=int, nargs="+", metavar="GPU", help="GPUs to measure on (default 0)")
+    p.add_argument("--rpc", metavar="HOST:PORT", help="measure on the RPC servers of this TVM tracker "
+                                                     "(builds stay here; see sparsec.tune.rpc)")
+    p.add_argument("--rpc-key", metavar="KEY", help="the servers' device key, with --rpc")
     p.add_argument("--max-rmat", type=count, metavar="NNZ", help="--suite: leave out larger R-MAT graphs (4M)")
     p.add_argument("--peer", action="store_true", help="GPU: time default and best again beside cuSPARSE")
     p.add_argument("--json", metavar="FILE", help="write the per-case results")
@@ -138,6 +141,16 @@ def cmd_tune(args) -> int:
     cases = _cases(args)
     if not cases:
         raise ValueError("nothing to tune: no matrices")
+    runner = None
+    if args.rpc or args.rpc_key:
+        if not (args.rpc and args.rpc_key):
+            raise ValueError("--rpc and --rpc-key go together")
+        if args.devices:
+            raise ValueError("--devices picks local GPUs; with --rpc every server under the key measures")
+        from .rpc import RPCRunner
+
+        runner = RPCRunner(args.rpc, args.rpc_key, args.target, timeout_s=args.timeout,
+                           build_timeout_s=args.build_timeout, workers=args.workers)
     progress = _Progress(len(cases) * args.trials)
     started = time.perf_counter()
     try:
@@ -147,9 +160,11 @@ def cmd_tune(args) -> int:
             seed=args.seed, transfer=not args.no_transfer, inject=args.inject_faults,
             runner_options={"workers": args.workers, "timeout_s": args.timeout, "devices": args.devices,
                             "build_timeout_s": args.build_timeout},
-            on_trial=progress.trial, on_case=progress.case)
+            runner=runner, on_trial=progress.trial, on_case=progress.case)
     finally:
         progress.close()
+        if runner is not None:
+            runner.close()
     wall = time.perf_counter() - started
     rows = [summary_row(r) for r in results]
     if args.peer:

@@ -539,9 +539,9 @@ def _convert(cand, matrix_path: str):
 
 def _build_task(p) -> Dict[str, Any]:
     """Convert, compile and export to a shared library, returning what the measuring
-    worker needs to rebuild the Kernel around the loaded library. For CUDA the device
-    code is also compiled here (in parallel, off the measuring GPU's critical path) into
-    the binary cache that the measuring worker's loader reads."""
+    worker needs to rebuild the Kernel around the loaded library. CUDA modules are
+    exported ahead of time (``Kernel.export``: nvcc compiles SASS here, in parallel, off
+    the measuring GPU's critical path), so loading them compiles nothing."""
     import sparsec
 
     cand = p["candidate"]
@@ -553,87 +553,12 @@ def _build_task(p) -> Dict[str, Any]:
         k = sparsec.compile(cand["op"], inst, feat=cand["feat"], target=p["target"],
                             knobs=cand["schedule_knobs"] or None)
         k.export(p["lib"])
-        if k.target.kind == "cuda":
-            _precompile_cuda(k, os.path.dirname(p["lib"]))
     except Exception as e:  # noqa: BLE001 - any failure to build is this candidate's compile error
         return {"status": "compile_error", "error": _short(f"{type(e).__name__}: {e}"),
                 "compile_s": time.perf_counter() - t0}
     meta = {"op_name": k.op_name, "format_spec": k.format_spec, "target": k.target, "dtype": k.dtype,
             "params": k.params, "knobs": k.knobs}
     return {"status": "built", "lib": p["lib"], "meta": meta, "compile_s": time.perf_counter() - t0}
-
-
-# TVM keeps a CUDA module's source and compiles it (tvm_callback_cuda_compile, NVRTC or nvcc)
-# when the module is loaded. Loading happens in the measuring worker, one candidate at a
-# time, so the builders compile each source ahead and file the binary under the source's
-# hash; the measuring worker's callback returns a filed binary and compiles only on a miss.
-_CUDA_CALLBACK = "tvm_callback_cuda_compile"
-
-
-def _source_key(code) -> str:
-    import hashlib
-
-    text = code if isinstance(code, str) else bytes(code).decode("utf-8", "replace")
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _precompile_cuda(kernel, cache_dir: str):
-    import tvm_ffi
-
-    code = kernel.source()
-    path = os.path.join(cache_dir, f"cuda-{_source_key(code)}.bin")
-    if os.path.exists(path):
-        return
-    try:
-        with kernel.target.tvm_target():
-            binary = _compile_split(code)
-            if binary is None:
-                binary = bytes(tvm_ffi.get_global_func(_CUDA_CALLBACK)(code))
-    except Exception:  # noqa: BLE001 - no compiler here: the loader compiles it as usual
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(binary)
-    os.replace(tmp, path)
-
-
-def _compile_split(code) -> Optional[bytes]:
-    """The module's CUDA compiled as TVM's loader would (same compiler, same output format),
-    with its kernels optimised in parallel threads (``--split-compile``): a hyb with dozens
-    of parts is one source with dozens of kernels, and the round waits on its build. None
-    when the compiler refuses the option (the caller then compiles as usual)."""
-    from tvm.support import nvcc
-
-    from ..targets import choose_cuda_compiler
-
-    mode = choose_cuda_compiler()
-    fmt, option = ("fatbin", "--split-compile=0") if mode == "nvcc" else ("cubin", "-split-compile=0")
-    try:
-        return bytes(nvcc.compile_cuda(code, target_format=fmt, options=[option], compiler=mode))
-    except Exception:  # noqa: BLE001 - an older compiler without the option
-        return None
-
-
-def _use_binary_cache(cache_dir: str):
-    """Make the loader's CUDA compile step read the builders' binaries first."""
-    import tvm_ffi
-
-    if _BINARY_CACHE.get("dir") == cache_dir:
-        return
-    original = _BINARY_CACHE.get("original") or tvm_ffi.get_global_func(_CUDA_CALLBACK)
-
-    def cached_compile(code, *rest):
-        path = os.path.join(cache_dir, f"cuda-{_source_key(code)}.bin")
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                return bytearray(f.read())
-        return original(code, *rest)
-
-    tvm_ffi.register_global_func(_CUDA_CALLBACK, cached_compile, override=True)
-    _BINARY_CACHE.update(dir=cache_dir, original=original)
-
-
-_BINARY_CACHE: Dict[str, Any] = {}
 
 
 class _Loaded:
@@ -711,11 +636,10 @@ def _measure_task(p) -> Dict[str, Any]:
     try:
         inst = _convert(cand, p["matrix"])
         if p["meta"]["target"].kind == "cuda":
-            _use_binary_cache(os.path.dirname(p["lib"]))
             timer = _cuda_timer()
         t_load = time.perf_counter()
         kernel = Kernel(executable=_Loaded(tvm.runtime.load_module(p["lib"])), **p["meta"])
-        kernel.executable[kernel.op_name]  # resolve the function: CUDA modules compile here
+        kernel.executable[kernel.op_name]  # resolve the function (CUDA: load the SASS onto the GPU)
         load_s = time.perf_counter() - t_load
         case = _case_inputs(kernel, inst, cand, p, timer is not None)
         _inject_fault(cand["inject"])
