@@ -74,12 +74,31 @@ def _string(data: bytes, pos: int):
     return data[pos:pos + n], pos + n
 
 
+def _skip_function_table(data: bytes, pos: int) -> int:
+    """Past a CUDA module's function table: per kernel its name, argument dtypes (4 bytes
+    each), launch-parameter tags (strings) and per-argument extra tags (4 bytes each)."""
+    n, pos = _u64(data, pos)
+    for _ in range(n):
+        for _ in range(2):  # the map key, then FunctionInfo.name
+            _, pos = _string(data, pos)
+        n_args, pos = _u64(data, pos)
+        pos += 4 * n_args
+        n_tags, pos = _u64(data, pos)
+        for _ in range(n_tags):
+            _, pos = _string(data, pos)
+        n_extra, pos = _u64(data, pos)
+        pos += 4 * n_extra
+    return pos
+
+
 def swap_cuda_payload(blob: bytes, source: str, binary: bytes, fmt: str = "fatbin") -> bytes:
-    """The packed import blob of a host module with its CUDA module's payload
-    ``[fmt "cuda"][function table][CUDA source]`` replaced by ``[fmt][function table][binary]``.
-    The blob layout (TVM 0.27, tvm-ffi 0.1.14) is: total size; import-tree row pointers and
-    child indices; then per module its kind and, except for the host library ``_lib``, its
-    saved bytes. Anything unexpected raises instead of writing a module that would not load."""
+    """The packed import blob of a host module with its CUDA module's code replaced by
+    ``binary`` in format ``fmt``. The CUDA module's saved bytes are ``[format][function
+    table][code]``: the code is the CUDA source where TVM had no CUDA runtime at build time
+    (a CPU machine), or a cubin/PTX it compiled at build time (a GPU machine). The blob layout
+    (TVM 0.27, tvm-ffi 0.1.14) is: total size; import-tree row pointers and child indices;
+    then per module its kind and, except for the host library ``_lib``, its saved bytes.
+    Anything unexpected raises instead of writing a module that would not load."""
     size, pos = _u64(blob, 0)
     if size != len(blob) - 8:
         raise ValueError(f"packed device module says {size} bytes, has {len(blob) - 8}")
@@ -87,7 +106,7 @@ def swap_cuda_payload(blob: bytes, source: str, binary: bytes, fmt: str = "fatbi
     pos += 8 * n_ptr
     n_child, pos = _u64(blob, pos)
     pos += 8 * n_child
-    out, swapped, src = bytearray(blob[8:pos]), 0, source.encode()
+    out, swapped = bytearray(blob[8:pos]), 0
     for _ in range(max(n_ptr - 1, 0)):
         kind, pos = _string(blob, pos)
         out += struct.pack("<Q", len(kind)) + kind
@@ -96,13 +115,13 @@ def swap_cuda_payload(blob: bytes, source: str, binary: bytes, fmt: str = "fatbi
         payload, pos = _string(blob, pos)
         if kind == b"cuda":
             fmt_old, p = _string(payload, 0)
-            code_at = len(payload) - len(src)
-            if fmt_old != b"cuda" or not payload.endswith(src) or \
-                    struct.unpack_from("<Q", payload, code_at - 8)[0] != len(src):
-                raise ValueError("the CUDA module does not hold the kernel's source as expected "
+            table_end = _skip_function_table(payload, p)
+            code, end = _string(payload, table_end)
+            if end != len(payload) or fmt_old not in (b"cuda", b"cubin", b"ptx", b"fatbin") or \
+                    (fmt_old == b"cuda" and code != source.encode()):
+                raise ValueError("the CUDA module's saved bytes are not laid out as TVM 0.27 writes them "
                                  f"(format {fmt_old!r}); is this TVM 0.27?")
-            table = payload[p:code_at - 8]
-            payload = (struct.pack("<Q", len(fmt)) + fmt.encode() + table
+            payload = (struct.pack("<Q", len(fmt)) + fmt.encode() + payload[p:table_end]
                        + struct.pack("<Q", len(binary)) + binary)
             swapped += 1
         out += struct.pack("<Q", len(payload)) + payload

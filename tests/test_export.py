@@ -175,21 +175,29 @@ def test_incompatible_versions_are_refused(cpu_module, tmp_path):
 
 def test_swap_cuda_payload_checks_the_blob():
     src = "extern \"C\" __global__ void k() {}"
-    table = struct.pack("<Q", 0)  # an empty function table
 
     def s(b):
         return struct.pack("<Q", len(b)) + b
 
-    cuda = s(b"cuda") + table + s(src.encode())
-    body = struct.pack("<QQQQ", 3, 0, 1, 1) + struct.pack("<QQ", 1, 1) + s(b"_lib") + s(b"cuda") + s(cuda)
-    blob = struct.pack("<Q", len(body)) + body
-    out = swap_cuda_payload(blob, src, b"\x50\xed\x55\xbaBINARY")
-    assert b"fatbin" in out and b"BINARY" in out and src.encode() not in out
-    assert struct.unpack_from("<Q", out, 0)[0] == len(out) - 8
-    with pytest.raises(ValueError, match="does not hold the kernel's source"):
-        swap_cuda_payload(blob, "other source", b"x")
+    # one kernel "k": two arguments (handle, int32), one launch tag, no extra tags
+    table = (struct.pack("<Q", 1) + s(b"k") + s(b"k") + struct.pack("<Q", 2) + bytes([3, 64, 1, 0, 0, 32, 1, 0])
+             + struct.pack("<Q", 1) + s(b"blockIdx.x") + struct.pack("<Q", 2) + bytes(8))
+
+    def blob_of(fmt, code):
+        cuda = s(fmt) + table + s(code)
+        body = struct.pack("<QQQQ", 3, 0, 1, 1) + struct.pack("<QQ", 1, 1) + s(b"_lib") + s(b"cuda") + s(cuda)
+        return struct.pack("<Q", len(body)) + body
+
+    for fmt, code in ((b"cuda", src.encode()), (b"cubin", b"\x7fELF-a-cubin")):  # CPU build / GPU build
+        out = swap_cuda_payload(blob_of(fmt, code), src, b"\x50\xed\x55\xbaBINARY")
+        assert b"fatbin" in out and out.endswith(b"BINARY") and code not in out and table in out
+        assert struct.unpack_from("<Q", out, 0)[0] == len(out) - 8
+    with pytest.raises(ValueError, match="not laid out as TVM 0.27 writes them"):
+        swap_cuda_payload(blob_of(b"cuda", src.encode()), "other source", b"x")
+    with pytest.raises(ValueError, match="not laid out"):
+        swap_cuda_payload(blob_of(b"wasm", b"x"), src, b"x")
     with pytest.raises(ValueError, match="says"):
-        swap_cuda_payload(blob[:-3], src, b"x")
+        swap_cuda_payload(blob_of(b"cuda", src.encode())[:-3], src, b"x")
 
 
 def test_export_errors(tmp_path):

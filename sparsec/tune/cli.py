@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from typing import List, Optional
+from typing import List
 
 from ..bench.report import geomean
 from .space import FAMILIES, SIZES, describe
