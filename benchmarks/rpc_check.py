@@ -34,7 +34,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--matrix", default="cond-mat-2005", help="a graph in benchmarks/data/cache")
-    ap.add_argument("--candidates", type=int, default=24)
+    ap.add_argument("--candidates", type=int, default=16)
     ap.add_argument("--out")
     args = ap.parse_args()
 

@@ -1,8 +1,8 @@
 """Measure tuning candidates on remote machines through TVM's RPC tracker.
 
     python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190                      # anywhere
-    CUDA_VISIBLE_DEVICES=0 python -m tvm.exec.rpc_server --tracker HOST:9190 --key h200   # one
-    CUDA_VISIBLE_DEVICES=1 python -m tvm.exec.rpc_server --tracker HOST:9190 --key h200   # per GPU
+    CUDA_VISIBLE_DEVICES=0 python -m tvm.exec.rpc_server --tracker HOST:9190 --key h200 --no-fork
+    CUDA_VISIBLE_DEVICES=1 python -m tvm.exec.rpc_server --tracker HOST:9190 --key h200 --no-fork
 
     from sparsec.tune.rpc import RPCRunner
     with RPCRunner("HOST:9190", "h200", target="cuda:sm_90a") as runner:
@@ -49,9 +49,11 @@ class LocalCluster:
         self.tracker = Tracker(port=port, port_end=port + 100, silent=True)
         self.address = f"127.0.0.1:{self.tracker.port}"
         envs = list(env_per_server or [{}] * servers)
+        # --no-fork: sessions start as fresh processes; a session forked from a server whose
+        # process has touched CUDA gets cudaErrorInitializationError (measured on the H200 host)
         self.procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", self.address,
                                         "--key", key, "--port", str(port + 200 + 20 * i), "--port-end",
-                                        str(port + 219 + 20 * i)],
+                                        str(port + 219 + 20 * i), "--no-fork"],
                                        env={**os.environ, **e}, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, start_new_session=True)
                       for i, e in enumerate(envs)]
