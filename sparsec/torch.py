@@ -10,15 +10,17 @@ The ops (``sparsec::spmm``, ``sparsec::sddmm``) carry fake (meta) implementation
 ``torch.compile`` traces through them without graph breaks, and SpMM has autograd (CSR,
 ELL, hyb, BSR): the gradient w.r.t. the dense operand is an SpMM with A transposed (its
 structure built once, with the map that carries A's values to its slots), the gradient
-w.r.t. A's values an SDDMM on A's pattern. Kernels are compiled on first use for the tensors' device
-(``llvm`` on the CPU, ``cuda`` on a GPU) and width, then cached; tensors go to them through
-DLPack, on the current CUDA stream, without copies.
+w.r.t. A's values an SDDMM on A's pattern. Kernels are compiled on first use for the
+matrix, the tensors' device (``llvm`` on the CPU, ``cuda`` on a GPU) and width, then
+cached; tensors go to them through DLPack, on the current CUDA stream, without copies.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,22 +28,26 @@ import scipy.sparse as sp
 import torch
 
 from .dtypes import dtype_spec
-from .formats import FormatInstance, convert, make_format
+from .formats import FormatInstance, convert
 from .kernel import index_arrays, scalar_values
 
 __all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for"]
 
 
 # ---- kernels ------------------------------------------------------------------------------
-# Matrices the ops have seen, by key: a kernel is compiled for the converted matrix itself, so
-# that its format's automatic knobs and any tuning record for it apply (sparsec.compile
-# knobs="tuned"). The ops carry the key, a string, through torch.compile like any constant.
-_MATRICES: Dict[str, Tuple[FormatInstance, Tuple[str, ...]]] = {}
+# Matrices of live SparseTensors, by key: a kernel is compiled for the converted matrix
+# itself, so that its format's automatic knobs and any tuning record for it apply
+# (sparsec.compile knobs="tuned"). The ops carry the key, a string, through torch.compile
+# like any constant. Weak: a matrix goes when its SparseTensor does.
+_MATRICES: "weakref.WeakValueDictionary[str, FormatInstance]" = weakref.WeakValueDictionary()
+_INDEX_NAMES: Dict[str, Tuple[str, ...]] = {}
+_KEYS = itertools.count()
 
 
 def _register(inst) -> str:
-    key = f"{inst.format.spec}#{len(_MATRICES)}"
-    _MATRICES[key] = (inst, tuple(index_arrays(inst)))
+    key = f"{inst.format.spec}#{next(_KEYS)}"
+    _MATRICES[key] = inst
+    _INDEX_NAMES[key] = tuple(index_arrays(inst))
     return key
 
 
@@ -51,7 +57,7 @@ def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
     device (``llvm`` on the CPU, ``cuda`` on a GPU); tuned knobs where a record exists."""
     from .build import compile as sparsec_compile
 
-    inst = _MATRICES[key][0]
+    inst = _MATRICES[key]
     target = "llvm" if device_type == "cpu" else "cuda"
     return sparsec_compile(op, inst, target=target, dtype=dtype, feat=feat, knobs="tuned")
 
@@ -60,7 +66,7 @@ def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
 def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
     """(function, argument recipe) of a kernel: worked out once, so a call only fills slots."""
     kernel = kernel_for(op, key, dtype, feat, device_type)
-    index_pos = {n: i for i, n in enumerate(_MATRICES[key][1])}
+    index_pos = {n: i for i, n in enumerate(_INDEX_NAMES[key])}
     recipe, n_dense = [], 0
     for p in kernel.params:
         if p.role == "index":
@@ -83,7 +89,8 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
             dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Run the kernel on tensors already in place: argument order from its parameter list."""
     if key not in _MATRICES:
-        raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor")
+        raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor "
+                         "(and keep the SparseTensor alive while it is used)")
     func, recipe = _plan(op, key, str(values.dtype)[6:], int(dense[0].shape[1]), values.device.type)
     dense = [d if d.is_contiguous() else d.contiguous() for d in dense]
     args = []
@@ -138,17 +145,13 @@ def _check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
 
 
 # ---- the custom ops ---------------------------------------------------------------------------
-def _spmm_impl(key, index, values, sizes, size_names, b):
+@torch.library.custom_op("sparsec::spmm", mutates_args=())
+def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
+             b: torch.Tensor) -> torch.Tensor:
     s = _sizes(size_names, sizes)
     _check_dense("B", b, s["cols"], values)
     out = torch.empty((s["rows"], b.shape[1]), dtype=_out_dtype(values), device=b.device)  # every element written
     return _launch("spmm", key, index, values, s, [b], out)
-
-
-@torch.library.custom_op("sparsec::spmm", mutates_args=())
-def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
-             b: torch.Tensor) -> torch.Tensor:
-    return _spmm_impl(key, index, values, sizes, size_names, b)
 
 
 @_spmm_op.register_fake
@@ -272,7 +275,7 @@ class SparseTensor:
             raise ValueError(f"{self.format} matrices have no backward pass here: converting the transpose "
                              "could change its entries (use csr, ell, hyb or bsr to train)")
         if grad is not False and t_spec is not None:
-            t_inst = convert(inst.to_scipy().T.tocsr(), t_spec, dtype=inst.value_dtype)
+            t_inst = self._t_instance = convert(inst.to_scipy().T.tocsr(), t_spec, dtype=inst.value_dtype)
             t_sizes = scalar_values(t_inst)
             self.transpose = (_register(t_inst),
                               [torch.from_numpy(np.ascontiguousarray(a)).to(device)

@@ -20,6 +20,7 @@ against the float64 reference here, then is timed by TVM's time evaluator (media
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import tempfile
@@ -125,7 +126,7 @@ class RPCRunner:
         self.number, self.repeat, self.parallel = number, repeat, parallel
         self._tmp = tempfile.TemporaryDirectory(prefix="sparsec-rpc-")
         self._pool = ProcessPoolExecutor(workers or os.cpu_count() or 1,
-                                         mp_context=__import__("multiprocessing").get_context("spawn"))
+                                         mp_context=multiprocessing.get_context("spawn"))  # TVM is not fork-safe
         self._libs = 0
 
     def __enter__(self):
