@@ -310,28 +310,43 @@ def sddmm(A: SparseTensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 
 class SparseLinear(torch.nn.Module):
     """``y = x @ W^T + b`` with a pruned weight W (out x in) held sparse. CSR, ELL, hyb and
-    BSR weights train (the values are a Parameter); N:M and SR-BCRS weights
-    (``nm:2,4``, ``srbcrs:v8,int8``) are inference-only."""
+    BSR weights train (the values are a Parameter); N:M (``nm:2,4``) and int8 SR-BCRS
+    (``srbcrs:v8,int8``) weights are inference-only. An int8 weight is quantized per tensor
+    when built (``weight_scale``) and each input per tensor at run time; the int32 product
+    is exact and scaled back to float."""
 
-    def __init__(self, weight: SparseTensor, bias: Optional[torch.Tensor] = None):
+    def __init__(self, weight: SparseTensor, bias: Optional[torch.Tensor] = None, weight_scale: float = 1.0):
         super().__init__()
         self.weight = weight
         self.values = torch.nn.Parameter(weight.values.detach(), requires_grad=weight.transpose is not None)
         weight.values = self.values
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone())
         self.out_features, self.in_features = weight.shape
+        self.weight_scale = float(weight_scale)
+        self.quantized = weight.values.dtype == torch.int8
 
     @classmethod
     def from_dense(cls, weight, bias=None, fmt: str = "csr", device=None, dtype=None):
         w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
         device = device or (weight.device if isinstance(weight, torch.Tensor) else "cpu")
-        st = SparseTensor(sp.csr_matrix(w), fmt, device=device, dtype=dtype)
-        return cls(st, None if bias is None else torch.as_tensor(bias, device=device))
+        m, scale = sp.csr_matrix(w), 1.0
+        if fmt.startswith("srbcrs") and fmt.endswith("int8"):
+            from .formats import srbcrs
+
+            m, scale = srbcrs.quantize(m, 8)
+            dtype = "int8"
+        st = SparseTensor(m, fmt, device=device, dtype=dtype)
+        return cls(st, None if bias is None else torch.as_tensor(bias, device=device), scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        xt = x.reshape(-1, self.in_features).t().contiguous()  # in x tokens
-        y = spmm(self.weight, xt).t()
+        x2 = x.reshape(-1, self.in_features)
+        if self.quantized:  # symmetric per-tensor int8 activations; exact int32 product
+            x_scale = x2.abs().amax().clamp_min(1e-12) / 127
+            xq = torch.clamp(torch.round(x2 / x_scale), -127, 127).to(torch.int8).t().contiguous()
+            y = (spmm(self.weight, xq).to(x.dtype) * (x_scale * self.weight_scale)).t()
+        else:
+            y = spmm(self.weight, x2.t().contiguous()).t()  # in x tokens -> out x tokens
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)

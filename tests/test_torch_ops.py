@@ -123,6 +123,23 @@ def test_sparse_linear_formats_match_dense():
         st.SparseTensor(w24.numpy(), "nm:2:4", grad=True)
 
 
+def test_sparse_linear_int8_srbcrs_is_exact_on_quantized_operands():
+    torch.manual_seed(2)
+    w = torch.randn(40, 64)
+    w[torch.rand(40, 64) < 0.9] = 0
+    x = torch.randn(3, 5, 64)
+    layer = st.SparseLinear.from_dense(w, bias=torch.zeros(40), fmt="srbcrs:v4,int8")
+    assert layer.quantized and not layer.values.requires_grad
+    wq = torch.from_numpy(layer.weight.instance.to_scipy().toarray()).double()  # the int8 weight, dense
+    x2 = x.reshape(-1, 64).double()
+    sx = x2.abs().max() / 127
+    xq = torch.clamp(torch.round(x2 / sx), -127, 127)
+    exact = (xq @ wq.t()) * sx * layer.weight_scale  # the integer product, scaled
+    assert torch.allclose(layer(x).reshape(-1, 40).double(), exact, rtol=1e-6, atol=1e-6)
+    dense = torch.nn.functional.linear(x, w).reshape(-1, 40)
+    assert (layer(x).reshape(-1, 40) - dense).abs().max() < 0.05 * dense.abs().max()  # int8 quantization error
+
+
 def test_bad_input_is_named():
     A = st.SparseTensor(random_csr(20, 10, 0.2, 5))
     with pytest.raises(ValueError, match="B should be 2-D with 10 rows"):

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""A pruned transformer encoder layer on sparsec's ``SparseLinear``: the six projections
+(query, key, value, output, FFN in, FFN out) pruned to 90 % unstructured, 2:4, or 90 %
+int8 SR-BCRS (V = 8), checked against the same layer in dense PyTorch with the same
+pruned weights, and timed beside it (dense fp32 and fp16). The FFN alone is timed too.
+
+    python examples/pruned_encoder.py                   # MiniLM layer 0 (if cached) and BERT-base sizes
+    python examples/pruned_encoder.py --tokens 4096 --out encoder.json
+
+MiniLM's weights come from ``benchmarks/data/cache/minilm`` (``benchmarks/data/fetch.py
+--minilm``); BERT-base-sized layers (768 hidden, 3072 FFN, 12 heads) are drawn from
+normal(0, 0.02), BERT's initialiser. Without a GPU it runs small on the CPU
+(correctness only). Timing: ``sparsec.bench.timing.Timer`` (CUDA-graph replay, median).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "data"))
+
+PROJECTIONS = ("query", "key", "value", "output", "ffn_in", "ffn_out")
+
+
+def layers():
+    """[(name, {projection: float32 weight (out x in)}, heads)]."""
+    from minilm import load_minilm
+
+    out = []
+    names = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+             "output": "attention.output.dense", "ffn_in": "intermediate.dense", "ffn_out": "output.dense"}
+    cache = ROOT / "benchmarks" / "data" / "cache"
+    mini = {p: load_minilm(cache, f"encoder.layer.0.{n}.weight") for p, n in names.items()}
+    if all(w is not None for w in mini.values()):
+        out.append(("minilm-L0", {p: np.asarray(w, np.float32) for p, w in mini.items()}, 12))
+    else:
+        print("skip MiniLM (not cached): run benchmarks/data/fetch.py --minilm", file=sys.stderr)
+    rng = np.random.default_rng(0)
+    shapes = {"query": (768, 768), "key": (768, 768), "value": (768, 768), "output": (768, 768),
+              "ffn_in": (3072, 768), "ffn_out": (768, 3072)}
+    out.append(("bert-base-sized", {p: (0.02 * rng.standard_normal(s)).astype(np.float32)
+                                    for p, s in shapes.items()}, 12))
+    return out
+
+
+def pruned(weights, variant):
+    """(the pruned float32 weights, the SparseLinear format) of a variant."""
+    from lowprec import prune_vectors
+
+    from sparsec.formats import nm
+
+    if variant == "90% unstructured":
+        def prune(w):
+            keep = np.abs(w) >= np.quantile(np.abs(w), 0.9)
+            return np.where(keep, w, 0).astype(np.float32)
+        return {p: prune(w) for p, w in weights.items()}, "auto"
+    if variant == "2:4":
+        return {p: np.where(nm.prune(w, n=2, m=4)[1], w, 0).astype(np.float32) for p, w in weights.items()}, "nm:2,4"
+    return {p: prune_vectors(w, 8, 0.9) for p, w in weights.items()}, "srbcrs:v8,int8"
+
+
+def build(torch, st, weights, heads, fmt, device, dtype):
+    """The encoder layer with dense (``fmt`` None) or sparsec projections."""
+    F = torch.nn.functional
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = heads
+            self.proj = torch.nn.ModuleDict()
+            for p, w in weights.items():
+                wt = torch.from_numpy(w)
+                if fmt is None:
+                    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=True)
+                    lin.weight.data.copy_(wt)
+                    lin.bias.data.zero_()
+                else:
+                    lin = st.SparseLinear.from_dense(wt, bias=torch.zeros(w.shape[0]), fmt=fmt, device=device)
+                self.proj[p] = lin.to(device)
+            hidden = weights["query"].shape[0]
+            self.ln1, self.ln2 = torch.nn.LayerNorm(hidden).to(device), torch.nn.LayerNorm(hidden).to(device)
+
+        def ffn(self, x):
+            return self.proj["ffn_out"](F.gelu(self.proj["ffn_in"](x)))
+
+        def forward(self, x):
+            b, s, h = x.shape
+            q, k, v = (self.proj[p](x).view(b, s, self.heads, h // self.heads).transpose(1, 2)
+                       for p in ("query", "key", "value"))
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, h)
+            x = self.ln1(x + self.proj["output"](a))
+            return self.ln2(x + self.ffn(x))
+
+    model = Encoder()
+    return model.to(dtype) if fmt is None else model
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=None, help="batch x sequence (default 8 x 512 on a GPU)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    import torch
+
+    import sparsec.torch as st
+    from sparsec.bench.timing import Timer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    batch, seq = (8, (args.tokens or 4096) // 8) if device == "cuda" else (2, (args.tokens or 64) // 2)
+    timer = Timer(device, warmup_ms=20, budget_ms=200, max_reps=30)
+    rows = []
+    for lname, weights, heads in layers():
+        x = torch.randn(batch, seq, weights["query"].shape[1], generator=torch.Generator().manual_seed(1)).to(device)
+        for variant in ("90% unstructured", "2:4", "90% int8 SR-BCRS"):
+            w, fmt = pruned(weights, variant)
+            if fmt.startswith("srbcrs"):  # the dense reference multiplies the weights the kernel holds
+                from sparsec.formats import srbcrs
+
+                w = {p: (lambda q: (q[0].toarray() * q[1]).astype(np.float32))(srbcrs.quantize(m, 8))
+                     for p, m in w.items()}
+            sparse = build(torch, st, w, heads, fmt, device, torch.float32)
+            dense32 = build(torch, st, w, heads, None, device, torch.float32)
+            dense16 = build(torch, st, w, heads, None, device, torch.float16)
+            with torch.no_grad():
+                ref, got = dense32(x), sparse(x)
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                row = {"layer": lname, "variant": variant, "format": fmt, "tokens": batch * seq,
+                       "density": float(np.mean([np.count_nonzero(v) / v.size for v in w.values()])),
+                       "max_rel_err": err,
+                       # int8 activations are quantized per tensor: a few per cent off the float layer
+                       "correct": err < (5e-2 if fmt.startswith("srbcrs") else 1e-4)}
+                if device == "cuda":
+                    x16 = x.half()
+                    for name, fn in (("sparsec_ms", lambda: sparse(x)), ("dense_fp32_ms", lambda: dense32(x)),
+                                     ("dense_fp16_ms", lambda: dense16(x16)),
+                                     ("sparsec_ffn_ms", lambda: sparse.ffn(x)),
+                                     ("dense_fp16_ffn_ms", lambda: dense16.ffn(x16))):
+                        row[name] = timer.measure([fn]).median_ms
+                    row["vs_fp16"] = row["dense_fp16_ms"] / row["sparsec_ms"]
+                    row["ffn_vs_fp16"] = row["dense_fp16_ffn_ms"] / row["sparsec_ffn_ms"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": gpu, "rows": rows}, indent=1))
+    print(f"device: {gpu}, tokens {batch * seq}")
+    print("| layer | variant | format | max rel err | layer ms sparsec / dense fp32 / dense fp16 | "
+          "vs fp16 | FFN vs fp16 |")
+    print("|---|---|---|---:|---|---:|---:|")
+    for r in rows:
+        t = (f"{r['sparsec_ms']:.3f} / {r['dense_fp32_ms']:.3f} / {r['dense_fp16_ms']:.3f}"
+             if "sparsec_ms" in r else "-")
+        print(f"| {r['layer']} | {r['variant']} | {r['format']} | {r['max_rel_err']:.1e} | {t} | "
+              f"{r.get('vs_fp16', float('nan')):.2f}x | {r.get('ffn_vs_fp16', float('nan')):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
