@@ -92,17 +92,24 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     # the statement block's other loops (not the row loop, which stays outermost)
     own_ir = [b for b in nest.blocks[-1][:-1] if b.loop.role != "root"]
     own = loops[len(loops) - 1 - len(own_ir):-1]
-    sch.reorder(k_f, k_t, *own, k_s, k_v)
+    # Serial feature chunks (F / vec > 256) go outside the row's entry loop, each with its own
+    # vec accumulators written back after it: with the chunks inside, a thread's accumulators
+    # sit tx * vec apart in C, and the write-back TVM derives covers the whole span between
+    # them -- other threads' outputs (wrong results at F >= 2048, measured on the H200).
+    if serial > 1:
+        sch.reorder(k_f, k_t, k_s, *own, k_v)
+    else:
+        sch.reorder(k_f, k_t, *own, k_s, k_v)
     sch.bind(k_t, "threadIdx.x")
     if feat_tiles > 1:
         sch.bind(k_f, "blockIdx.y")
     accumulates = nest.reduce is not None and (nest.init or nest.atomic)
     if accumulates:
         acc = sch.cache_write(blk, 0, "local")
-        sch.reverse_compute_at(acc, k_t)
+        sch.reverse_compute_at(acc, k_s if serial > 1 else k_t)
         if nest.atomic:  # rows repeat: the write-back adds into the filled output (schedules.atomics)
             mark_atomic(sch, acc)
-        elif vec > 1 and serial == 1:  # with serial features the write-back loop is longer than a vector
+        elif vec > 1:
             sch.vectorize(sch.get_loops(acc)[-1])
         if has_dynamic_reduction(nest, cuda=True):
             kinds = [b.loop.kind for b in own_ir]

@@ -200,3 +200,21 @@ def test_unrolled_loops_are_left_to_nvcc_unless_asked(monkeypatch):
     monkeypatch.setenv("SPARSEC_CUDA_UNROLL", "sideways")
     with pytest.raises(ValueError, match="SPARSEC_CUDA_UNROLL should be one of"):
         cuda_unroll_config()
+
+
+@pytest.mark.parametrize("spec", ["csr", "ell", "hyb"])
+def test_wide_features_accumulate_per_serial_chunk(spec):
+    """F / vec > 256 runs feature chunks serially per thread. Each chunk keeps its own vec
+    accumulators and writes them back as one vector: with the chunks inside the entry loop,
+    TVM's write-back covered the span between a thread's chunks, other threads' outputs
+    included (wrong SpMM results at F >= 2048 on the H200)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    m = sp.random(300, 200, density=0.05, format="csr", random_state=0, dtype=np.float32)
+    for feat in (2048, 4096):
+        A = sparsec.formats.convert(m, spec)
+        src = sparsec.compile("spmm", A, target="cuda:sm_90a", feat=feat).source()
+        sizes = [int(n) for n in re.findall(r"C_local_ptr\[(\d+)\]", src)]
+        assert sizes and max(sizes) <= 4, (spec, feat, sizes)
+        assert not re.search(r"for \(int ax0 = 0; ax0 < \d{3,}", src)  # no long scalar write-back
