@@ -143,7 +143,11 @@ def main():
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
                 row = {"layer": lname, "variant": variant, "format": fmt, "tokens": batch * seq,
                        "density": float(np.mean([np.count_nonzero(v) / v.size for v in w.values()])),
-                       "max_rel_err": err, "correct": err < 1e-4}
+                       "max_rel_err": err,
+                       # int8: the layers' float results differ in the last bits, and where an
+                       # activation sits on a rounding boundary the next quantization flips one step
+                       # (1/127 of that input's range): 1e-2 bounds it; float formats match to 1e-4
+                       "correct": err < (1e-2 if fmt.startswith("srbcrs") else 1e-4)}
                 if device == "cuda":
                     x16 = x.half()
                     for name, fn in (("sparsec_ms", lambda: sparse(x)), ("dense_fp32_ms", lambda: dense32(x)),
