@@ -136,7 +136,8 @@ def main():
     env = {"runtime_only": bool(tvm.base._RUNTIME_ONLY), "nvcc_on_path": shutil.which("nvcc"),
            "tvm": tvm.__version__,
            # the hook TVM would JIT CUDA source through (NVRTC/nvcc) if a module held source
-           "cuda_compile_callback": tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True) is not None}
+           "cuda_compile_callback":
+               tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True) is not None}
     compiles = []
 
     @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)

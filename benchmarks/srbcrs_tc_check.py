@@ -124,9 +124,9 @@ def main():
             except Exception as e:  # noqa: BLE001 - _int_mm refuses some shapes (M <= 16)
                 row["int_mm_error"] = f"{type(e).__name__}: {e}"[:200]
             rows.append(row)
+            errors = [e["error"][:120] for e in row["kernels"] if e.get("error")]
             print(f"{name} N={n}: {row.get('ms', float('nan')):.4g} ms, exact {row.get('exact')}, "
-                  f"cuBLAS fp16 {row['cublas_fp16_ms']:.4g} ms, {[e.get('error', '')[:120] for e in row['kernels'] if e.get('error')]}",
-                  flush=True)
+                  f"cuBLAS fp16 {row['cublas_fp16_ms']:.4g} ms {errors or ''}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "cases": rows}, indent=1))
     print("| case | N | sparsec ms | cuBLAS fp16 ms | _int_mm ms | vs fp16 | exact | float err |")
@@ -136,8 +136,8 @@ def main():
         vs = r["cublas_fp16_ms"] / r["ms"] if r.get("ms") else None
         if vs and r["N"] >= 512:
             by.setdefault((r["V"], r["sparsity"]), []).append(vs)
-        print(f"| {r['case']} | {r['N']} | {fmt(r.get('ms'))} | {fmt(r['cublas_fp16_ms'])} | {fmt(r.get('int_mm_ms'))} | "
-              f"{fmt(vs, 'x')} | {r.get('exact')} | {fmt(r.get('float_rel_err'))} |")
+        print(f"| {r['case']} | {r['N']} | {fmt(r.get('ms'))} | {fmt(r['cublas_fp16_ms'])} | "
+              f"{fmt(r.get('int_mm_ms'))} | {fmt(vs, 'x')} | {r.get('exact')} | {fmt(r.get('float_rel_err'))} |")
     for (v, s), xs in sorted(by.items()):
         print(f"V={v} sparsity {s:.0%}: geomean vs dense fp16 (N >= 512) {geomean(xs):.2f}x over {len(xs)} cases")
     for s in sorted({s for _, s in by}):

@@ -161,8 +161,9 @@ def main():
           "sparsec / torch.sparse | speedup | correct |")
     print("|---|---|---|---:|---:|---|---:|---|---:|---|")
     for r in rows:
-        print(f"| {r['graph']} | {r['model']} | {r['format'].split('[')[0]} | {r['nodes']} | {r['edges']} | {r['sparsec_forward_ms']:.3f} / "
-              f"{r['torch.sparse_forward_ms']:.3f} | {r['forward_speedup']:.2f}x | {r['sparsec_train_step_ms']:.3f} / "
+        print(f"| {r['graph']} | {r['model']} | {r['format'].split('[')[0]} | {r['nodes']} | {r['edges']} | "
+              f"{r['sparsec_forward_ms']:.3f} / {r['torch.sparse_forward_ms']:.3f} | {r['forward_speedup']:.2f}x | "
+              f"{r['sparsec_train_step_ms']:.3f} / "
               f"{r['torch.sparse_train_step_ms']:.3f} | {r['train_step_speedup']:.2f}x | {r['correct']} |")
 
 

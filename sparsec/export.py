@@ -1,13 +1,14 @@
 """Ahead-of-time export: a compiled kernel as one file that loads with TVM's runtime alone.
 
-TVM 0.27 keeps a CUDA kernel in its module as CUDA *source* and compiles it when the
-module is loaded (``tvm_callback_cuda_compile``), so an exported library still needs a
-CUDA compiler, and TVM's compiler library, wherever it is opened. Here the source is
-compiled at export time by nvcc into a fatbin holding SASS for each requested arch, and
-the library's packed device module (``__tvm_ffi__library_bin``) is rewritten to carry the
-fatbin (format ``fatbin``) instead of the source. TVM's CUDA loader hands such a payload
-straight to ``cuModuleLoadData``: no NVRTC, no nvcc, no compiler library at load time.
-The metadata trailer (``module_file``) records what the module is and which archs it has.
+Built where TVM has no CUDA runtime (a CPU machine), TVM 0.27 keeps a CUDA kernel in its
+module as CUDA *source* and compiles it when the module is loaded
+(``tvm_callback_cuda_compile``), so an exported library needs a CUDA compiler, and TVM's
+compiler library, wherever it is opened; built on a GPU machine it holds a cubin for that
+GPU alone. Here the source is compiled at export time by nvcc into a fatbin holding SASS
+for each requested arch, and the library's packed device module
+(``__tvm_ffi__library_bin``) is rewritten to carry the fatbin (format ``fatbin``) instead.
+TVM's CUDA loader hands such a payload straight to ``cuModuleLoadData``: no NVRTC, no
+nvcc, no compiler library at load time. The metadata trailer (``module_file``) records what the module is and which archs it has.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ import subprocess
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from .bench.report import jsonable
 from .module_file import append_metadata
 
-ARCH_PATTERN = re.compile(r"sm_(\d)(\d{1,2})(a?)")
+ARCH_PATTERN = re.compile(r"sm_(\d{1,2})(\d)(a?)")  # major, minor, arch-specific: sm_80, sm_90a, sm_100a
 _BLOB_SYMBOL = "__tvm_ffi__library_bin"
 
 
@@ -150,7 +152,7 @@ def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> D
     path = os.fspath(path)
     mod = kernel.executable.mod
     meta = {"op": kernel.op_name, "format": kernel.format_spec, "dtype": kernel.dtype,
-            "target": kernel.target.kind, "knobs": _jsonable(kernel.knobs),
+            "target": kernel.target.kind, "knobs": jsonable(kernel.knobs),
             "params": [{"name": p.name, "role": p.role, "dtype": p.dtype, "shape": list(p.shape),
                         "sparse": p.sparse} for p in kernel.params],
             "sparsec_version": __version__, "tvm_version": tvm.__version__, "archs": []}
@@ -175,14 +177,3 @@ def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> D
         mod.export_library(path)
     return append_metadata(path, meta)
 
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (bool, int, float, str)) or x is None:
-        return x
-    if hasattr(x, "item"):  # numpy scalars
-        return x.item()
-    return str(x)

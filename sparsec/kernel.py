@@ -8,6 +8,7 @@ to the GPU (once per format instance for its index arrays).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -81,12 +82,7 @@ class Kernel:
         ``poison=True`` fills freshly allocated outputs with NaN first, so that an element
         the kernel fails to write shows up in a check."""
         args, outs, like_torch = self.prepare(A, *dense, out=out, poison=poison)
-        if like_torch and self.target.kind == "cuda":  # on torch's current stream, as torch's own ops
-            import tvm_ffi
-
-            with tvm_ffi.use_torch_stream():
-                self.executable[self.op_name](*args)
-        else:
+        with on_torch_stream(like_torch and self.target.kind == "cuda"):
             self.executable[self.op_name](*args)
         return self._finish(outs, like_torch)
 
@@ -206,6 +202,17 @@ class Kernel:
         res = ev(*args)
         ms = np.array([float(r) for r in res.results]) * 1e3
         return {"median_ms": float(np.median(ms)), "min_ms": float(ms.min()), "max_ms": float(ms.max())}
+
+
+def on_torch_stream(active: bool):
+    """TVM launches on its own current stream (the legacy default unless set); with torch CUDA
+    tensors, point it at torch's current stream, so the kernel orders with torch's work and
+    is captured by ``torch.cuda.graph``."""
+    if not active:
+        return contextlib.nullcontext()
+    import tvm_ffi
+
+    return tvm_ffi.use_torch_stream()
 
 
 def index_arrays(A) -> Dict[str, np.ndarray]:

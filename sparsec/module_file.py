@@ -5,8 +5,9 @@
 The library part is what ``tvm.runtime.load_module`` opens (the dynamic loader ignores
 bytes past the ELF image). The trailer says what the module is -- operator, format,
 knobs, dtypes, parameters, target and device archs, sparsec and TVM versions -- and holds
-the SHA-256 of the library part, so a file that was truncated or corrupted is refused
-before any of it is loaded or run. Reading it needs neither TVM nor a GPU.
+the SHA-256 of the library part and of the metadata itself, so a file that was truncated
+or corrupted anywhere is refused before any of it is loaded or run. Reading it needs
+neither TVM nor a GPU.
 """
 from __future__ import annotations
 
@@ -26,25 +27,42 @@ class ModuleFileError(ValueError):
     """The file is not a sparsec module, or it is damaged."""
 
 
+REQUIRED_KEYS = ("op", "format", "dtype", "target", "knobs", "params", "archs", "sparsec_version",
+                 "tvm_version", "format_version", "library_bytes", "library_sha256", "metadata_sha256")
+
+
+def _metadata_digest(meta: Dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "metadata_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def trailer(lib: bytes, meta: Dict[str, Any]) -> Tuple[Dict[str, Any], bytes]:
+    """(the metadata as stored, the trailer bytes) for the library ``lib``: its size and
+    checksum and the metadata's own checksum filled in."""
+    meta = dict(meta, format_version=meta.get("format_version", FORMAT_VERSION), library_bytes=len(lib),
+                library_sha256=hashlib.sha256(lib).hexdigest())
+    meta["metadata_sha256"] = _metadata_digest(meta)
+    blob = json.dumps(meta, sort_keys=True).encode()
+    return meta, blob + struct.pack("<Q", len(blob)) + MAGIC
+
+
 def append_metadata(path: str, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Add the trailer to the library TVM just wrote at ``path``; returns the metadata as
-    stored (with the library's size and checksum)."""
+    stored."""
     with open(path, "rb") as f:
         lib = f.read()
     if not lib.startswith(_ELF):
         raise ModuleFileError(f"{path}: the exported library is not an ELF shared object")
-    meta = dict(meta, format_version=FORMAT_VERSION, library_bytes=len(lib),
-                library_sha256=hashlib.sha256(lib).hexdigest())
-    blob = json.dumps(meta, sort_keys=True).encode()
+    meta, tail = trailer(lib, meta)
     with open(path, "ab") as f:
-        f.write(blob + struct.pack("<Q", len(blob)) + MAGIC)
+        f.write(tail)
     return meta
 
 
-def read_metadata(path: str, *, verify: bool = True) -> Tuple[Dict[str, Any], int]:
-    """``(metadata, library size)`` of a sparsec module file. With ``verify`` the library's
-    checksum is recomputed; any mismatch, truncation or foreign file raises
-    :class:`ModuleFileError` naming what is wrong."""
+def read_metadata(path: str) -> Tuple[Dict[str, Any], int]:
+    """``(metadata, library size)`` of a sparsec module file, both checksums recomputed: any
+    mismatch, truncation, missing field or foreign file raises :class:`ModuleFileError`
+    naming what is wrong."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no module file at {path}")
@@ -70,17 +88,22 @@ def read_metadata(path: str, *, verify: bool = True) -> Tuple[Dict[str, Any], in
         if not isinstance(meta, dict) or meta.get("library_bytes") != lib_len:
             raise ModuleFileError(f"{path}: the metadata does not describe this file's library "
                                   f"({lib_len} bytes): the file was cut or spliced")
-        if verify:
-            f.seek(0)
-            digest = hashlib.sha256()
-            left = lib_len
-            while left:
-                chunk = f.read(min(left, 1 << 20))
-                if not chunk:
-                    raise ModuleFileError(f"{path}: truncated library")
-                digest.update(chunk)
-                left -= len(chunk)
-            if digest.hexdigest() != meta.get("library_sha256"):
-                raise ModuleFileError(f"{path}: checksum mismatch: the library was modified or corrupted "
-                                      "after export; nothing was loaded")
+        missing = [k for k in REQUIRED_KEYS if k not in meta]
+        if missing:
+            raise ModuleFileError(f"{path}: the metadata lacks {', '.join(missing)}")
+        if _metadata_digest(meta) != meta["metadata_sha256"]:
+            raise ModuleFileError(f"{path}: metadata checksum mismatch: the metadata was modified or corrupted "
+                                  "after export; nothing was loaded")
+        f.seek(0)
+        digest = hashlib.sha256()
+        left = lib_len
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                raise ModuleFileError(f"{path}: truncated library")
+            digest.update(chunk)
+            left -= len(chunk)
+        if digest.hexdigest() != meta["library_sha256"]:
+            raise ModuleFileError(f"{path}: checksum mismatch: the library was modified or corrupted "
+                                  "after export; nothing was loaded")
     return meta, lib_len

@@ -84,11 +84,13 @@ def _ensure_cuda_loader() -> None:
     try:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
-        raise IncompatibleModuleError(f"cannot open TVM's CUDA runtime ({e}); is the NVIDIA driver installed?") from None
+        raise IncompatibleModuleError(f"cannot open TVM's CUDA runtime ({e}); "
+                                      "is the NVIDIA driver installed?") from None
 
 
-class _LoadedExecutable:
-    """What :class:`sparsec.Kernel` needs of an executable: ``[name]`` and ``.mod``."""
+class LoadedExecutable:
+    """A loaded library in the shape :class:`sparsec.Kernel` expects of an executable:
+    ``ex[name]`` and ``ex.mod`` (``time_evaluator``)."""
 
     def __init__(self, mod):
         self.mod = mod
@@ -118,9 +120,10 @@ def load(path, *, compute_capability: Optional[str] = None):
     mod = tvm.runtime.load_module(path)
     params = [ParamSpec(p["name"], p["role"], p["dtype"], tuple(p["shape"]), bool(p["sparse"]))
               for p in meta["params"]]
-    arch = meta["archs"][0] if meta["archs"] else None
+    runs = [a for a in meta["archs"] if compute_capability and arch_runs_on(a, compute_capability)]
+    arch = (runs or meta["archs"] or [None])[0]
     kernel = Kernel(meta["op"], meta["format"], TargetSpec(meta["target"], arch), meta["dtype"], params,
-                    meta["knobs"], _LoadedExecutable(mod))
+                    meta["knobs"], LoadedExecutable(mod))
     kernel.extra["metadata"] = meta
     kernel.extra["path"] = path
     return kernel

@@ -16,7 +16,6 @@ cached; tensors go to them through DLPack, on the current CUDA stream, without c
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
@@ -29,7 +28,7 @@ import torch
 
 from .dtypes import dtype_spec
 from .formats import FormatInstance, convert
-from .kernel import index_arrays, scalar_values
+from .kernel import index_arrays, on_torch_stream, scalar_values
 
 __all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for"]
 
@@ -40,14 +39,14 @@ __all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm
 # (sparsec.compile knobs="tuned"). The ops carry the key, a string, through torch.compile
 # like any constant. Weak: a matrix goes when its SparseTensor does.
 _MATRICES: "weakref.WeakValueDictionary[str, FormatInstance]" = weakref.WeakValueDictionary()
-_INDEX_NAMES: Dict[str, Tuple[str, ...]] = {}
+_LAYOUTS: Dict[str, Tuple[Tuple[str, ...], int, str]] = {}  # key -> index array names, value count, dtype
 _KEYS = itertools.count()
 
 
 def _register(inst) -> str:
     key = f"{inst.format.spec}#{next(_KEYS)}"
     _MATRICES[key] = inst
-    _INDEX_NAMES[key] = tuple(index_arrays(inst))
+    _LAYOUTS[key] = (tuple(index_arrays(inst)), int(inst.data.size), inst.value_dtype)
     return key
 
 
@@ -66,7 +65,7 @@ def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
 def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
     """(function, argument recipe) of a kernel: worked out once, so a call only fills slots."""
     kernel = kernel_for(op, key, dtype, feat, device_type)
-    index_pos = {n: i for i, n in enumerate(_INDEX_NAMES[key])}
+    index_pos = {n: i for i, n in enumerate(_LAYOUTS[key][0])}
     recipe, n_dense = [], 0
     for p in kernel.params:
         if p.role == "index":
@@ -91,7 +90,11 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
     if key not in _MATRICES:
         raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor "
                          "(and keep the SparseTensor alive while it is used)")
-    func, recipe = _plan(op, key, str(values.dtype)[6:], int(dense[0].shape[1]), values.device.type)
+    _, count, dtype = _LAYOUTS[key]
+    if values.dim() != 1 or values.numel() != count or str(values.dtype)[6:] != dtype:
+        raise ValueError(f"the values of {key} should be a 1-D {dtype} tensor of {count} entries (one per stored "
+                         f"slot), got {str(values.dtype)[6:]} of shape {tuple(values.shape)}")
+    func, recipe = _plan(op, key, dtype, int(dense[0].shape[1]), values.device.type)
     dense = [d if d.is_contiguous() else d.contiguous() for d in dense]
     args = []
     for kind, what in recipe:
@@ -108,27 +111,14 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
         else:
             shape = [values.numel()] if what.sparse else [sizes[d] if isinstance(d, str) else d for d in what.shape]
             args.append(torch.zeros(shape, dtype=getattr(torch, what.dtype), device=values.device))
-    if values.device.type == "cuda":
-        with _on_torch_stream(values.device):
-            func(*args)
-    else:
+    with on_torch_stream(values.device.type == "cuda"):
         func(*args)
     return out
 
 
-def _on_torch_stream(device: torch.device):
-    """TVM launches on its own current stream (the legacy default unless set): point it at
-    torch's current stream, so the kernel orders with torch's work and CUDA-graph capture."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    import tvm_ffi
-
-    return tvm_ffi.use_torch_stream()
-
-
 def _out_dtype(values: torch.Tensor) -> torch.dtype:
     """The kernels' output dtype for these sparse values (fp16 accumulates and returns fp32)."""
-    return getattr(torch, dtype_spec(str(values.dtype).replace("torch.", "")).out)
+    return getattr(torch, dtype_spec(str(values.dtype)[6:]).out)
 
 
 def _sizes(names: str, values: Sequence[int]) -> Dict[str, int]:
@@ -246,10 +236,10 @@ class SparseTensor:
     and its values a tensor (``values``) that may require grad.
 
     ``fmt="auto"`` takes sparsec's default format for SpMM at width ``feat`` (CSR on
-    meshes, hyb where rows are skewed: ``sparsec.formats.choose``). With ``grad=True`` (the
-    default) A's transpose is converted too, in the same family, with the map that carries
-    A's values to its slots: SpMM's backward pass is then one more SpMM. ``grad=None``
-    does so where the format allows it (:func:`transpose_spec`)."""
+    meshes, hyb where rows are skewed: ``sparsec.formats.choose``). Where the format allows
+    it (:func:`transpose_spec`; ``grad=True`` insists, ``False`` skips it) A's transpose is
+    converted too, with the map that carries A's values to its slots: SpMM's backward pass
+    is then one more SpMM."""
 
     def __init__(self, matrix, fmt: str = "csr", *, device="cpu", dtype=None, requires_grad: bool = False,
                  grad: Optional[bool] = None, feat: Optional[int] = None):
@@ -262,6 +252,9 @@ class SparseTensor:
 
                 fmt = default_format("spmm", row_stats(m), feat)
             inst = convert(m, fmt, dtype=dtype)
+        if inst.value_dtype == "int4":
+            raise TypeError("sparsec.torch takes no int4 matrices (two values per byte have no torch dtype); "
+                            "use int8 SR-BCRS, or sparsec.compile for int4")
         self.instance, self.format, self.shape = inst, inst.format.spec, tuple(inst.shape)
         self.key = _register(inst)
         device = torch.device(device)

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 import sparsec
 from sparsec import cli
 from sparsec.export import check_archs, swap_cuda_payload
-from sparsec.module_file import MAGIC, ModuleFileError, read_metadata
+from sparsec.module_file import MAGIC, ModuleFileError, read_metadata, trailer
 from sparsec.reference import REFERENCES, max_rel_err
 from sparsec.runtime import IncompatibleModuleError, arch_runs_on
 
@@ -125,6 +125,7 @@ def test_arch_compatibility_rules():
     assert arch_runs_on("sm_90a", "9.0") and not arch_runs_on("sm_90a", "10.0")
     assert arch_runs_on("sm_80", "8.6") and arch_runs_on("sm_80", "8.0") and not arch_runs_on("sm_86", "8.0")
     assert not arch_runs_on("sm_80", "9.0") and not arch_runs_on("compute_90", "9.0")
+    assert arch_runs_on("sm_100a", "10.0") and not arch_runs_on("sm_100a", "9.0") and arch_runs_on("sm_120", "12.1")
     assert check_archs(["sm_90a", "sm_80", "sm_90a"]) == ["sm_90a", "sm_80"]
     for bad in (["sm90"], ["compute_90"], [], [90]):
         with pytest.raises(ValueError, match="arch"):
@@ -140,7 +141,8 @@ def test_corrupted_truncated_and_foreign_files_are_refused(cpu_module, tmp_path)
              "cut.so": (data[:-40], "no sparsec metadata trailer"),
              "spliced.so": (data[:1000] + data[2000:], "does not describe this file's library"),
              "text.so": (b"hello world, not a library at all" * 4, "not an ELF"),
-             "badjson.so": (data[:1000] + b"{not json" + struct.pack("<Q", 9) + MAGIC, "not valid JSON")}
+             "badjson.so": (data[:1000] + b"{not json" + struct.pack("<Q", 9) + MAGIC, "not valid JSON"),
+             "meta.so": (data.replace(b'"op": "spmm"', b'"op": "spmn"'), "metadata checksum mismatch")}
     for name, (content, message) in cases.items():
         p = tmp_path / name
         p.write_bytes(content)
@@ -155,13 +157,12 @@ def test_corrupted_truncated_and_foreign_files_are_refused(cpu_module, tmp_path)
 
 
 def with_metadata(path, tmp_path, **changes):
-    """A copy of the module whose trailer says something else (the library is untouched)."""
+    """A copy of the module whose trailer says something else, resealed (checksums valid)."""
     meta, lib_len = read_metadata(path)
     meta.update(changes)
     lib = open(path, "rb").read()[:lib_len]
-    blob = json.dumps(meta).encode()
     out = tmp_path / "edited.so"
-    out.write_bytes(lib + blob + struct.pack("<Q", len(blob)) + MAGIC)
+    out.write_bytes(lib + trailer(lib, meta)[1])
     return str(out)
 
 
@@ -171,6 +172,12 @@ def test_incompatible_versions_are_refused(cpu_module, tmp_path):
         sparsec.load(with_metadata(path, tmp_path, tvm_version="0.19.0"))
     with pytest.raises(IncompatibleModuleError, match="module format 2"):
         sparsec.load(with_metadata(path, tmp_path, format_version=2))
+    lib_len = read_metadata(path)[1]
+    meta = {k: v for k, v in read_metadata(path)[0].items() if k != "params"}
+    lib = open(path, "rb").read()[:lib_len]
+    (tmp_path / "noparams.so").write_bytes(lib + trailer(lib, meta)[1])
+    with pytest.raises(ModuleFileError, match="lacks params"):
+        sparsec.load(str(tmp_path / "noparams.so"))
 
 
 def test_swap_cuda_payload_checks_the_blob():

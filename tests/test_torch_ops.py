@@ -150,3 +150,8 @@ def test_bad_input_is_named():
         st.spmm(torch.randn(20, 10), torch.randn(10, 4))
     with pytest.raises(ValueError, match="same width"):
         st.sddmm(A, torch.randn(20, 4), torch.randn(10, 5))
+    with pytest.raises(TypeError, match="no int4 matrices"):
+        st.SparseTensor(sp.csr_matrix(np.eye(8, 16, dtype=np.float32) * 3), "srbcrs:v2,int4", dtype="int4")
+    A.values = torch.randn(A.values.numel() + 3)  # would read past the stored slots
+    with pytest.raises(ValueError, match="one per stored slot"):
+        st.spmm(A, torch.randn(10, 4))

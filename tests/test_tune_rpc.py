@@ -66,3 +66,5 @@ def test_rpc_errors_name_the_problem(cluster):
             runner.measure([{"op": "spmm", "format": "csr", "feat": 8}], matrix())
     with pytest.raises(ValueError, match="timeout_s should be positive"):
         RPCRunner(cluster.address, KEY, "llvm", timeout_s=0)
+    with pytest.raises(ValueError, match="parallel should be positive"):
+        RPCRunner(cluster.address, KEY, "llvm", parallel=0)

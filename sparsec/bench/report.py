@@ -58,19 +58,20 @@ def summarize(records: Sequence[dict]) -> Dict[str, dict]:
 # ---- files -----------------------------------------------------------------------------------
 def write_json(result: dict, path: str) -> None:
     with open(path, "w") as f:
-        json.dump(_jsonable(result), f, indent=1)
+        json.dump(jsonable(result), f, indent=1)
         f.write("\n")
 
 
-def _jsonable(x):
+def jsonable(x):
+    """x with tuples as lists, numpy scalars as Python ones and non-finite floats as text: what json.dump takes."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):  # numpy scalars
-        return _jsonable(x.item())
+        return jsonable(x.item())
     return x
 
 

@@ -104,9 +104,10 @@ def parse_tracker(address: str) -> Tuple[str, int]:
 class RPCRunner:
     """Build here, measure on the servers registered with the tracker under ``key``.
 
-    ``parallel`` sessions run at once (default: the servers under ``key`` when the first
-    round starts); ``timeout_s`` bounds a candidate's session (upload, check and timing);
-    ``workers`` build processes (default: the CPU count)."""
+    ``parallel`` sessions run at once (default: the servers under ``key`` when a round
+    starts); ``timeout_s`` bounds a candidate's session (upload, check and timing);
+    ``workers`` build processes (default: the CPU count). A build past ``build_timeout_s``
+    is recorded as a compile error and abandoned; its process goes with the pool."""
 
     def __init__(self, tracker: str, key: str, target: str = "llvm", *, timeout_s: float = 60.0,
                  build_timeout_s: float = 300.0, workers: Optional[int] = None, number: int = 10,
@@ -118,8 +119,8 @@ class RPCRunner:
 
         parse_target(target)
         for name, value in (("timeout_s", timeout_s), ("build_timeout_s", build_timeout_s), ("number", number),
-                            ("repeat", repeat), ("workers", workers or 1), ("parallel", parallel or 1)):
-            if not value > 0:
+                            ("repeat", repeat), ("workers", workers), ("parallel", parallel)):
+            if value is not None and not value > 0:
                 raise ValueError(f"{name} should be positive, got {value!r}")
         self.key, self.target = key, target
         self.timeout_s, self.build_timeout_s = timeout_s, build_timeout_s
@@ -136,7 +137,7 @@ class RPCRunner:
         self.close()
 
     def close(self):
-        self._pool.shutdown(cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)  # an abandoned build must not hold this up
         self._tmp.cleanup()
 
     def servers(self) -> int:
@@ -198,9 +199,14 @@ class RPCRunner:
             t0 = time.perf_counter()
             try:
                 res = self._measure_remote(cand, built, mpath, seed)
-            except Exception as e:  # noqa: BLE001 - the session died or timed out: this candidate only
+            except Exception as e:  # noqa: BLE001 - this candidate only
                 msg = f"{type(e).__name__}: {e}"
-                status = "timeout" if "timeout" in msg.lower() or "expired" in msg.lower() else "crash"
+                if "timeout" in msg.lower() or "expired" in msg.lower():
+                    status = "timeout"
+                elif "RPC" in type(e).__name__ or isinstance(e, OSError):
+                    status = "crash"  # the session died (the server reports the kernel's error)
+                else:
+                    status = "runtime_error"  # setting the candidate up here failed
                 res = RN._failed(status, msg, built.get("compile_s"))
             res = {**{k: res.get(k) for k in RN.RESULT_KEYS}, "compile_s": built.get("compile_s"),
                    "session": session, "wall_s": time.perf_counter() - t0}

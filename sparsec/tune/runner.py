@@ -561,16 +561,6 @@ def _build_task(p) -> Dict[str, Any]:
     return {"status": "built", "lib": p["lib"], "meta": meta, "compile_s": time.perf_counter() - t0}
 
 
-class _Loaded:
-    """A loaded shared library in the shape Kernel expects of an executable
-    (``ex[name]`` and ``ex.mod.time_evaluator``)."""
-
-    def __init__(self, mod):
-        self.mod = mod
-
-    def __getitem__(self, name):
-        return self.mod[name]
-
 
 def _cuda_timer():
     """sparsec.bench's timer when torch sees a GPU (graph replay over rotated copies), else None."""
@@ -630,6 +620,7 @@ def _measure_task(p) -> Dict[str, Any]:
 
     from ..kernel import Kernel
     from ..reference import REFERENCES, TOLERANCE, max_rel_err
+    from ..runtime import LoadedExecutable
 
     cand = p["candidate"]
     timer = None
@@ -638,7 +629,7 @@ def _measure_task(p) -> Dict[str, Any]:
         if p["meta"]["target"].kind == "cuda":
             timer = _cuda_timer()
         t_load = time.perf_counter()
-        kernel = Kernel(executable=_Loaded(tvm.runtime.load_module(p["lib"])), **p["meta"])
+        kernel = Kernel(executable=LoadedExecutable(tvm.runtime.load_module(p["lib"])), **p["meta"])
         kernel.executable[kernel.op_name]  # resolve the function (CUDA: load the SASS onto the GPU)
         load_s = time.perf_counter() - t_load
         case = _case_inputs(kernel, inst, cand, p, timer is not None)
