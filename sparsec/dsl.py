@@ -36,6 +36,10 @@ __all__ = [
 ]
 
 AXIS_KINDS = ("dense_fixed", "dense_variable", "sparse_fixed", "sparse_variable")
+# names of the emitted TVMScript (its namespace T, sizes, loop and block iterators) that a
+# buffer name would shadow
+RESERVED_NAMES = ("T", "rows", "cols", "slots")
+RESERVED_PREFIXES = ("n_", "nnz_", "off_p", "l_", "v_")
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,10 +213,20 @@ class Operator:
     def dense_output(self, name, axes): return self._buffer(name, axes, False, "output")
     def dense_temp(self, name, axes): return self._buffer(name, axes, False, "temp")
 
+    def sparse_temp(self, name, axes):
+        """An intermediate with one value per stored slot of the sparse structure (the kernel
+        allocates it like a dense temp, ``stored`` values long). Why: an operator that chains
+        sparse steps (attention's scores, then their softmax) keeps the intermediate on the
+        matrix's pattern, so it never exists as a dense rows x cols array."""
+        return self._buffer(name, axes, True, "temp")
+
     def _buffer(self, name: str, axes: Sequence[Axis], sparse: bool, role: str) -> Buffer:
         axes = tuple(axes)
         if not name.isidentifier() or name.startswith("_"):
             raise ValueError(f"buffer name should be a Python identifier not starting with '_', got {name!r}")
+        if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
+            raise ValueError(f"buffer name {name!r} is reserved: the generated TVMScript uses T, rows, cols, slots "
+                             f"and names starting with {', '.join(RESERVED_PREFIXES)}")
         if any(b.name == name for b in self.buffers):
             raise ValueError(f"buffer name {name!r} is used twice in {self.name}")
         for a in axes:

@@ -217,6 +217,50 @@ def test_unknown_library_op():
         sparsec.compile("spmv", "csr", feat=8)
 
 
+def _scaled_rowsum() -> dsl.Operator:
+    """y[i] = sum_j E[i, j] with E[i, j] = exp(A[i, j]) held in a sparse temp."""
+    op = dsl.Operator("exp_rowsum")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    A = op.sparse_input("A", (I, J))
+    E = op.sparse_temp("E", (I, J))
+    y = op.dense_output("y", (I,))
+    with op.iterate([I, J], "SS") as (i, j):
+        E[i, j] = dsl.exp(A[i, j])
+    with op.iterate([I, J], "SR") as (i, j):
+        y[i] += E[i, j]
+    return op
+
+
+@pytest.mark.parametrize("spec", ["csr", "bsr:3x5", "ell"])
+def test_sparse_temp(spec):
+    """A sparse temp holds one value per stored slot (not rows x cols): the kernel allocates it
+    poisoned with NaN, so a slot read before it is written would show in the result."""
+    m = make_matrix("empty_rows", 101, 67, seed=seed_of("sparse_temp", spec))
+    A = convert(m, spec)
+    k = sparsec.compile(_scaled_rowsum(), A, target="llvm")
+    temp, = [p for p in k.params if p.role == "temp"]
+    assert (temp.name, temp.sparse, temp.shape) == ("E", True, (None,))  # None: one per stored slot
+    valid = A.valid_slots()
+    rows, _ = A.stored_coords()
+    want = np.bincount(rows[valid], weights=np.exp(A.slot_values()[valid].astype(np.float64)), minlength=101)
+    check(k(A, poison=True), want, 1e-5)
+
+
+def test_sparse_temp_off_the_structure():
+    op, I, J = _structure()
+    K = op.dense_fixed("k", extent=4)
+    with pytest.raises(ValueError, match=r"sparse buffer E should live on the sparse structure \(i, j\)"):
+        op.sparse_temp("E", (I, K))
+
+
+@pytest.mark.parametrize("name", ["T", "rows", "n_i", "v_j"])
+def test_reserved_buffer_name(name):
+    op, I, J = _structure()
+    with pytest.raises(ValueError, match=rf"buffer name '{name}' is reserved"):
+        op.dense_output(name, (I,))
+
+
 # ---------------------------------------------------------------- dumped stages, schedulable TIR
 
 
