@@ -358,7 +358,7 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
     sch.reorder(k_o, k_l, k_v)
     if vec > 1:  # each lane reads its vec features of X[i, :] and Y[col, :] as one vector
         names = [r.source.name for r in sch.get(blk).reads]
-        for name in ("X", "Y"):
+        for name in feature_operands(nest):
             if name in names:
                 cache = sch.cache_read(blk, names.index(name), "local")
                 sch.compute_at(cache, k_l)
@@ -372,6 +372,16 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
     bx, tz = sch.split(sch.get_loops(root_block(sch, nest))[0], [None, rows_per_block])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tz, "threadIdx.z")
+
+
+def feature_operands(nest):
+    """Names of the buffers the statement reads along its feature loop (SDDMM's X and Y,
+    attention's Q and K), in order of first use: the ones a lane loads as vectors."""
+    from sparsec.expr import Load, Var, walk
+
+    k = f"v_{nest.blocks[-1][-1].loop.name}"
+    return list(dict.fromkeys(n.buffer for n in walk(nest.value) if isinstance(n, Load) and n.index
+                              and isinstance(n.index[-1], Var) and n.index[-1].name == k))
 
 
 def unless_fused(t: Transformation) -> Transformation:
