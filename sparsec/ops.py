@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from .dsl import Operator
+from .dsl import Operator, exp, maximum
 
 
 def spmm() -> Operator:
@@ -42,7 +42,48 @@ def sddmm() -> Operator:
     return op
 
 
-LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm}
+def attention() -> Operator:
+    """Sparse attention: ``O = softmax_j(A[i, j] * Q[i, :] . Kt[j, :]) @ V`` over A's stored entries.
+
+    A is the mask: every stored entry is a (query, key) pair that attends, and its value
+    scales the score (1/sqrt(d) for scaled dot-product attention). Q is rows x feat, Kt
+    (the keys) and V are cols x feat, all row-major like SDDMM's operands. Several heads fold
+    into the rows: a block-diagonal mask with Q, Kt and V stacked per head.
+
+    The scores S live on the mask's entries (a sparse temp: nnz values, never rows x cols);
+    mx and s are the row max and the row sum of exp(S - mx) (softmax with the max
+    subtracted, so large scores do not overflow); the probabilities exp(S - mx) / s are
+    recomputed inside the SpMM rather than stored. A row with no entries gives O = 0.
+    Every stored slot attends: use a format that stores no explicit zeros (CSR, ELL; BSR's
+    in-block zeros would be attended with score 0)."""
+    op = Operator("attention", "O[i, d] = sum_j softmax_j(A[i, j] * sum_k Q[i, k] * Kt[j, k]) * V[j, d] "
+                               "over A's non-zeros")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    K = op.dense_fixed("k", extent="feat")  # the features of the dot product
+    D = op.dense_fixed("d", extent="feat")  # the features of V and O (another loop, same width)
+    A = op.sparse_input("A", (I, J))
+    Q = op.dense_input("Q", (I, K))
+    Kt = op.dense_input("Kt", (J, K))
+    V = op.dense_input("V", (J, D))
+    O = op.dense_output("O", (I, D))
+    S = op.sparse_temp("S", (I, J))
+    mx = op.dense_temp("mx", (I,))
+    s = op.dense_temp("s", (I,))
+    with op.iterate([I, J, K], "SSR") as (i, j, k):  # SDDMM: the dot first, then the scale (as sddmm)
+        S[i, j] += Q[i, k] * Kt[j, k]
+    with op.iterate([I, J], "SS") as (i, j):
+        S[i, j] = A[i, j] * S[i, j]
+    with op.iterate([I, J], "SR") as (i, j):
+        mx[i] = maximum(mx[i], S[i, j])
+    with op.iterate([I, J], "SR") as (i, j):
+        s[i] += exp(S[i, j] - mx[i])
+    with op.iterate([I, J, D], "SRS") as (i, j, d):  # SpMM with the probabilities made on the fly
+        O[i, d] += exp(S[i, j] - mx[i]) / s[i] * V[j, d]
+    return op
+
+
+LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention}
 
 
 def get(name: str) -> Operator:

@@ -6,6 +6,7 @@ kernel must produce for every slot (SDDMM writes 0 into padding slots).
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from .formats import FormatInstance
 
@@ -36,7 +37,22 @@ def sddmm(A: FormatInstance, X, Y) -> np.ndarray:
     return out
 
 
-REFERENCES = {"spmm": spmm, "sddmm": sddmm}
+def attention(A: FormatInstance, Q, Kt, V) -> np.ndarray:
+    """``softmax_j(A[i, j] * Q[i, :] . Kt[j, :]) @ V`` with the softmax over each row's stored
+    entries (the mask); a row with none gives 0. Rows x feat, float64."""
+    rows, cols = A.stored_coords()
+    ok = rows >= 0
+    r, c = rows[ok], cols[ok]
+    scores = sddmm(A, Q, Kt)[ok]
+    n = A.shape[0]
+    mx = np.full(n, -np.inf)
+    np.maximum.at(mx, r, scores)
+    e = np.exp(scores - mx[r])
+    p = e / np.bincount(r, weights=e, minlength=n)[r]
+    return sp.csr_matrix((p, (r, c)), shape=A.shape) @ np.asarray(V, dtype=np.float64)
+
+
+REFERENCES = {"spmm": spmm, "sddmm": sddmm, "attention": attention}
 
 
 def max_rel_err(out, ref) -> float:

@@ -213,7 +213,7 @@ def test_bad_compile_time_param(feat):
 
 
 def test_unknown_library_op():
-    with pytest.raises(ValueError, match=r"operator should be one of \['sddmm', 'spmm'\]"):
+    with pytest.raises(ValueError, match=r"operator should be one of \['attention', 'sddmm', 'spmm'\]"):
         sparsec.compile("spmv", "csr", feat=8)
 
 
