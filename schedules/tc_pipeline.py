@@ -25,6 +25,7 @@ from .warp_mma import check_choice, check_knobs, check_sizes, compile_for
 MODES = ("sp24", "gather")
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 OUT_DTYPES = ("float32", "float16")
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu")
 KNOBS = {
     "warps_m": (2, 1, 4),
     "warps_n": (2, 1, 4),
@@ -106,15 +107,24 @@ def check(mode, M, K, N, dtype, out_dtype, vec, knobs):
 
 
 def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype: str = "float32",
-         vec: int = 0, kc: int = 0, **knobs):
-    """The PrimFunc ``tc_spmm(A, E, B, C)``: A the packed values, E the metadata (sp24) or
-    the gathered columns (gather: ``kc`` is their row length), B (K, N), C (M, N)."""
+         vec: int = 0, kc: int = 0, bias: bool = False, activation: str = "none", transpose_c: bool = False,
+         **knobs):
+    """The PrimFunc ``tc_spmm(A, E, B, C)`` (``tc_spmm(A, E, B, bias, C)`` with ``bias``): A
+    the packed values, E the metadata (sp24) or the gathered columns (gather: ``kc`` is their
+    row length), B (K, N), C (M, N), or (N, M) with ``transpose_c``.
+
+    The epilogue adds ``bias`` (float32, one per row of C, i.e. per output feature) and
+    applies ``activation`` to the fp32 accumulator before the cast, so a linear layer's bias
+    and activation cost no extra pass over its output. ``transpose_c`` writes C as (N, M):
+    with B holding activations feature-major (in x tokens), the product comes back
+    token-major, as the next layer or the caller wants it, without a transpose kernel."""
     from tvm.script import tirx as T
 
     from formats.mma_sp import padded_shape
 
     knobs = {**{k: v[0] for k, v in KNOBS.items()}, **knobs}
     check(mode, M, K, N, dtype, out_dtype, vec, knobs)
+    check_choice("activation", activation, ACTIVATIONS)
     wm_, wn_, mt, nt, ks, S = (knobs[k] for k in ("warps_m", "warps_n", "warp_m_tiles", "warp_n_tiles",
                                                   "k_steps", "stages"))
     sets = knobs["frag_sets"]
@@ -141,7 +151,16 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
     b_elems = S * BK * BN
     a_base = b_elems
     e_base = a_base + S * BM * CA * 8
-    total = e_base + (S * (BM // 16) * ks * 32 if sp else 0)
+    pipeline_total = e_base + (S * (BM // 16) * ks * 32 if sp else 0)
+    out_bytes = 4 if out_dtype == "float32" else 2
+    VO = 16 // out_bytes  # outputs per 16-byte store
+    # The epilogue stages the block's outputs in shared memory (reusing the pipeline's
+    # buffers) so that C is written with 16-byte row stores: one store instruction per 8
+    # fp16 outputs instead of one per pair. Rows are padded by 16 bytes (bank spread).
+    staged = (M % VO == 0) if transpose_c else (N % VO == 0)
+    LDC = (BM if transpose_c else BN) + VO
+    stage_elems = (BN if transpose_c else BM) * LDC
+    total = max(pipeline_total, stage_elems * out_bytes // 2 if staged else 0)
     b_it = -(-BK * CB // NT)
     a_it = -(-BM * CA // NT)
     e_it = -(-(BM // 16) * ks * 4 // NT)
@@ -356,8 +375,6 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                         acc[(i * nt + n) * 4], acc[(i * nt + n) * 4 + 1], acc[(i * nt + n) * 4 + 2],
                         acc[(i * nt + n) * 4 + 3])
 
-    paired = N % 2 == 0
-
     def tile_m(pid):
         return grouped_tile(pid, grid_m, grid_n, knobs["group_m"])[0]
 
@@ -394,30 +411,75 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         else:
             mmas(acc, af, bf, ef, 0)
 
-    @T.macro
-    def store_pair(C, acc, pair, row, col, a0, ok):
-        """Two neighbouring outputs in one store (half2 / float2). Each store stages its
-        pair at its own offset: TVM's CUDA codegen reuses one vector read of the same local
-        address within a scope even after the elements were rewritten."""
-        if ok is True:
-            pair[a0] = acc[a0]
-            pair[a0 + 1] = acc[a0 + 1]
-            for h in T.vectorized(2):
-                C[row, col + h] = T.Cast(out_dtype, pair[a0 + h])
-        else:
-            if ok:
-                pair[a0] = acc[a0]
-                pair[a0 + 1] = acc[a0 + 1]
-                for h in T.vectorized(2):
-                    C[row, col + h] = T.Cast(out_dtype, pair[a0 + h])
+    def erf(x):
+        """erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, float32's own precision):
+        one exp and one reciprocal. CUDA's erff made the FFN's first kernel twice as slow
+        (H200: 27.2 vs 14.4 us at 4096 tokens; tanh GELU 17.8 us)."""
+        ax = T.abs(x)
+        t = T.float32(1) / (T.float32(1) + T.float32(0.3275911) * ax)
+        poly = t * (T.float32(0.254829592) + t * (T.float32(-0.284496736) + t * (
+            T.float32(1.421413741) + t * (T.float32(-1.453152027) + t * T.float32(1.061405429)))))
+        e = T.float32(1) - poly * T.exp(-ax * ax)
+        return T.if_then_else(x < T.float32(0), -e, e)
 
-    @T.prim_func(s_tir=True)
-    def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, c_h: T.handle):
-        T.func_attr({"global_symbol": "tc_spmm", "tirx.noalias": True})
-        A = T.match_buffer(a_h, (a_rows, a_cols), dtype)
-        E = T.match_buffer(e_h, e_shape, e_dtype)
-        B = T.match_buffer(b_h, (K, N), dtype)
-        C = T.match_buffer(c_h, (M, N), out_dtype)
+    def activate(v):
+        if activation == "gelu":  # erf GELU, as BERT's FFN
+            return T.float32(0.5) * v * (T.float32(1) + erf(v * T.float32(0.7071067811865476)))
+        if activation == "gelu_tanh":  # PyTorch's gelu(approximate="tanh")
+            return T.float32(0.5) * v * (T.float32(1) + T.tanh(
+                T.float32(0.7978845608028654) * (v + T.float32(0.044715) * v * v * v)))
+        if activation == "relu":
+            return T.max(v, T.float32(0))
+        return v
+
+    def epilogue(Bias, v, row, act: bool = True):
+        """The fp32 accumulator of output row ``row`` with the bias (and, with ``act``, the
+        activation) applied."""
+        if bias:
+            v = v + Bias[T.min(row, M - 1)]
+        return activate(v) if act else v
+
+    o_per_line = (BM if transpose_c else BN) // VO  # 16-byte chunks per staged line
+    o_it = -(-(BN if transpose_c else BM) * o_per_line // NT)
+
+    def out_line(it, tid):
+        return (it * NT + tid) // o_per_line
+
+    def out_off(it, tid):
+        return (it * NT + tid) % o_per_line * VO
+
+    def staged_at(it, tid, e):
+        return out_line(it, tid) * LDC + out_off(it, tid) + e
+
+    @T.macro
+    def copy_out(C, Cs, ob, bm0, bn0, tid):
+        """The staged block to C, 16 bytes per thread and store, guarded at C's edges (the
+        indices are written out inline: a named intermediate would hide the contiguous
+        16-byte access from TVM's vectorizer). The activation is applied here, to the
+        output-precision values, in registers and in a loop that is not unrolled: unrolled
+        over the whole fragment, the inlined erf made the kernel twice as slow. (Dense
+        PyTorch also activates the layer's rounded fp16 output.)"""
+        for it in T.unroll(o_it) if activation == "none" else T.serial(o_it):
+            if activation != "none":
+                for e in T.unroll(VO):
+                    ob[e] = T.Cast(out_dtype, activate(T.Cast("float32", Cs[staged_at(it, tid, e)])))
+            if transpose_c:
+                if T.And(it * NT + tid < BN * o_per_line,
+                         T.And(bn0 + out_line(it, tid) < N, bm0 + out_off(it, tid) < M)):
+                    for e in T.vectorized(VO):
+                        C[bn0 + out_line(it, tid), bm0 + out_off(it, tid) + e] = \
+                            (Cs[staged_at(it, tid, e)] if activation == "none" else ob[e])
+            else:
+                if T.And(it * NT + tid < BM * o_per_line,
+                         T.And(bm0 + out_line(it, tid) < M, bn0 + out_off(it, tid) < N)):
+                    for e in T.vectorized(VO):
+                        C[bm0 + out_line(it, tid), bn0 + out_off(it, tid) + e] = \
+                            (Cs[staged_at(it, tid, e)] if activation == "none" else ob[e])
+
+    c_shape = (N, M) if transpose_c else (M, N)
+
+    @T.macro
+    def body(A, E, B, Bias, C):
         bx = T.env_thread("blockIdx.x")
         ty = T.env_thread("threadIdx.y")
         tx = T.env_thread("threadIdx.x")
@@ -426,6 +488,8 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         T.launch_thread(tx, 32)
         Sm = T.decl_buffer([total], dtype, scope="shared.dyn")
         Sw = T.decl_buffer([total // 2], "uint32", data=Sm.data, scope="shared.dyn")
+        Cs = T.decl_buffer([total * 2 // out_bytes], out_dtype, data=Sm.data, scope="shared.dyn")
+        ob = T.decl_buffer([VO], out_dtype, scope="local")
         acc = T.decl_buffer([mt * nt * 4], "float32", scope="local")
         af = T.decl_buffer([sets * mt * 4], "uint32", scope="local")
         bf = T.decl_buffer([sets * nt * 4], "uint32", scope="local")
@@ -433,7 +497,6 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
         nidx = T.decl_buffer([b_it], "int32", scope="local")
         cb = T.decl_buffer([2 * b_it], "int32", scope="local")
         ca = T.decl_buffer([2 * a_it], "int32", scope="local")
-        pair = T.decl_buffer([mt * nt * 4], "float32", scope="local")
         bm0 = tile_m(bx) * BM
         bn0 = tile_n(bx) * BN
         tid = ty * 32 + tx
@@ -458,19 +521,55 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
                 k_iteration(Sm, Sw, A, B, E, af, bf, ef, acc, nidx, cb, ca, bm0, bn0, kt0 * S + u, u, wr, wc, tx, tid)
         for kt in range(nk // S * S, nk):  # the stages left over
             k_iteration(Sm, Sw, A, B, E, af, bf, ef, acc, nidx, cb, ca, bm0, bn0, kt, kt % S, wr, wc, tx, tid)
-        for i in T.unroll(mt):
-            for n in T.unroll(nt):
-                for hh in T.unroll(2):
-                    row = bm0 + wr + i * 16 + tx // 4 + hh * 8
-                    col = bn0 + wc + n * 8 + tx % 4 * 2
-                    if paired:
-                        store_pair(C, acc, pair, row, col, (i * nt + n) * 4 + hh * 2,
-                                   all_of(M % BM == 0 or row < M, N % BN == 0 or col < N))
-                    else:
+        if staged:
+            wait(0)
+            T.tvm_storage_sync("shared")
+            for i in T.unroll(mt):
+                for n in T.unroll(nt):
+                    for hh in T.unroll(2):
                         for h in T.unroll(2):
-                            if T.And(row < M, col + h < N):
-                                C[row, col + h] = T.Cast(out_dtype, acc[(i * nt + n) * 4 + hh * 2 + h])
+                            r = wr + i * 16 + tx // 4 + hh * 8
+                            c = wc + n * 8 + tx % 4 * 2 + h
+                            v = epilogue(Bias, acc[(i * nt + n) * 4 + hh * 2 + h], bm0 + r, False)
+                            if transpose_c:
+                                Cs[c * LDC + r] = T.Cast(out_dtype, v)
+                            else:
+                                Cs[r * LDC + c] = T.Cast(out_dtype, v)
+            T.tvm_storage_sync("shared")
+            copy_out(C, Cs, ob, bm0, bn0, tid)
+        else:
+            for i in T.unroll(mt):
+                for n in T.unroll(nt):
+                    for hh in T.unroll(2):
+                        for h in T.unroll(2):
+                            row = bm0 + wr + i * 16 + tx // 4 + hh * 8
+                            col = bn0 + wc + n * 8 + tx % 4 * 2 + h
+                            if T.And(row < M, col < N):
+                                v = epilogue(Bias, acc[(i * nt + n) * 4 + hh * 2 + h], row)
+                                if transpose_c:
+                                    C[col, row] = T.Cast(out_dtype, v)
+                                else:
+                                    C[row, col] = T.Cast(out_dtype, v)
 
+    if bias:
+        @T.prim_func(s_tir=True)
+        def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, bias_h: T.handle, c_h: T.handle):
+            T.func_attr({"global_symbol": "tc_spmm", "tirx.noalias": True})
+            A = T.match_buffer(a_h, (a_rows, a_cols), dtype)
+            E = T.match_buffer(e_h, e_shape, e_dtype)
+            B = T.match_buffer(b_h, (K, N), dtype)
+            Bias = T.match_buffer(bias_h, (M,), "float32")
+            C = T.match_buffer(c_h, c_shape, out_dtype)
+            body(A, E, B, Bias, C)
+    else:
+        @T.prim_func(s_tir=True)
+        def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, c_h: T.handle):
+            T.func_attr({"global_symbol": "tc_spmm", "tirx.noalias": True})
+            A = T.match_buffer(a_h, (a_rows, a_cols), dtype)
+            E = T.match_buffer(e_h, e_shape, e_dtype)
+            B = T.match_buffer(b_h, (K, N), dtype)
+            C = T.match_buffer(c_h, c_shape, out_dtype)
+            body(A, E, B, None, C)
     return tc_spmm
 
 

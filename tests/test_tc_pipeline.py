@@ -3,6 +3,8 @@ gathers from (formats.nm_tc): packing gives the dense product through the gather
 the shared-memory swizzle is a conflict-free permutation, bad arguments are named, and the
 PTX nvcc emits holds cp.async, ldmatrix and the sparse / dense mma for sm_90a and sm_80.
 (The kernels themselves run on the GPU host: benchmarks/tc_check.py.)"""
+import re
+
 import numpy as np
 import pytest
 
@@ -132,13 +134,38 @@ def test_grouped_order_visits_every_tile_once(grid_m, grid_n, group_m):
         assert tiles[:grid_m] == [(m, 0) for m in range(grid_m)]
 
 
-def test_each_paired_store_reads_its_own_staged_pair():
-    """Regression: with every tile full the stores share one scope, and TVM's codegen reused
-    the first ``*(float2*)(pair + 0)`` read for all 32 stores (wrong results on the GPU)."""
-    import re
-
+def test_outputs_leave_through_shared_memory_in_16_byte_stores():
+    """The epilogue stages the block in shared memory and writes C with one 16-byte store per
+    8 fp16 outputs (half2 stores straight from the fragments made the FFN's short-K layers
+    L2-request bound), each store from its own staged offset."""
     knobs = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=3, group_m=8)
     src = cuda_source(tp.build("gather", 768, 768, 512, out_dtype="float16", vec=128, kc=96, **knobs))
-    reads = re.findall(r"= \*\(float2\*\)\(pair_ptr \+ (\d+)\)", src)
-    stores = 4 * 4 * 2  # warp_m_tiles x warp_n_tiles x two row halves
-    assert len(reads) == stores and len(set(reads)) == stores
+    stores = re.findall(r"\*\(uint4\*\)\(C_ptr \+ .*= \*\(uint4\*\)\(Sm_ptr \+ (.*)\);", src)
+    block = (16 * 4 * 2) * (8 * 4 * 2)  # 128 x 64 outputs per block
+    assert len(stores) == block // 8 // 128  # 8 outputs a store, 128 threads
+    assert len(set(stores)) == len(stores)
+
+
+@pytest.mark.parametrize("mode", ["gather", "sp24"])
+def test_epilogue_adds_bias_applies_gelu_and_can_write_c_transposed(mode):
+    kw = {} if mode == "sp24" else {"vec": 128, "kc": 96}
+    f = tp.spmm(mode, 256, 768, 512, out_dtype="float16", bias=True, activation="gelu", transpose_c=True, **kw)
+    text = f.script()
+    assert 'Bias: T.Buffer((256,), "float32")' in text
+    assert 'C: T.Buffer((512, 256), "float16")' in text  # tokens x features
+    src = cuda_source(tp.build(mode, 256, 768, 512, out_dtype="float16", bias=True, activation="gelu",
+                               transpose_c=True, **kw))
+    assert "expf(" in src and "erff(" not in src and "Bias_ptr[" in src  # A&S erf, not CUDA's erff
+    assert re.search(r"\*\(uint4\*\)\(C_ptr", src)
+    # a feature count that is not a multiple of 8 cannot take 16-byte stores along C's rows:
+    # guarded element stores, still correct
+    odd = cuda_source(tp.build(mode, 37, 70, 13, out_dtype="float16", bias=True, activation="relu", transpose_c=True,
+                               **({} if mode == "sp24" else {"vec": 128, "kc": 16})))
+    assert not re.search(r"\*\(uint4\*\)\(C_ptr", odd) and "max(" in odd
+    results = nvcc_sources({("hopper", "sm_90a"): src, ("odd", "sm_90a"): odd})
+    assert all(ok for ok, _ in results.values()), results
+
+
+def test_unknown_activation_is_named():
+    with pytest.raises(ValueError, match="activation should be one of"):
+        tp.spmm("gather", 128, 64, 64, vec=128, kc=16, activation="swish")
