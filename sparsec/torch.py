@@ -320,6 +320,14 @@ class SparseLinear(torch.nn.Module):
 
     @classmethod
     def from_dense(cls, weight, bias=None, fmt: str = "csr", device=None, dtype=None):
+        """A layer of the pruned dense ``weight`` in format ``fmt``. The Tensor Core patterns
+        ``nm_tc:N,M`` (vector-wise N:M) and ``mma_sp:2,4`` give an inference-only fp16
+        :class:`sparsec.tc_linear.TensorCoreLinear` instead (CUDA only)."""
+        if fmt.partition(":")[0] in ("nm_tc", "mma_sp"):
+            from .tc_linear import TensorCoreLinear
+
+            return TensorCoreLinear.from_dense(weight, bias, fmt, device=device or "cuda",
+                                               dtype=dtype or torch.float16)
         w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
         device = device or (weight.device if isinstance(weight, torch.Tensor) else "cpu")
         m, scale = sp.csr_matrix(w), 1.0

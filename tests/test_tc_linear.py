@@ -1,0 +1,98 @@
+"""Tensor Core linear layers (sparsec.tc_linear): pattern parsing, packing of pruned weights
+(vector-wise N:M padded to whole stages, 2:4 for mma.sp), clear errors for what the kernels
+cannot take, and the knobs picked per token count. (The kernels run on the GPU host:
+benchmarks/ffn_tc_check.py and examples/pruned_encoder.py.)"""
+import numpy as np
+import pytest
+import torch
+
+from formats import nm_tc
+from sparsec import tc_linear as tl
+from sparsec.torch import SparseLinear
+
+
+@pytest.mark.parametrize("text, want", [("nm_tc:1,10", ("nm_tc", 1, 10)), ("nm_tc:2,8", ("nm_tc", 2, 8)),
+                                        ("mma_sp:2,4", ("mma_sp", 2, 4))])
+def test_patterns_parse(text, want):
+    assert tl.parse_pattern(text) == want
+
+
+@pytest.mark.parametrize("text, match", [("nm_tc", "should be 'nm_tc:N,M'"), ("csr:1,2", "should be"),
+                                         ("mma_sp:1,4", "2:4 weights only"), ("nm_tc:3,2", "0 < N <= M")])
+def test_bad_patterns_are_named(text, match):
+    with pytest.raises(ValueError, match=match):
+        tl.parse_pattern(text)
+
+
+def test_vector_wise_weight_packs_to_whole_stages_with_the_same_product():
+    rng = np.random.default_rng(0)
+    w = tl.prune(rng.standard_normal((300, 770)).astype(np.float32), "nm_tc:1,10")
+    assert np.count_nonzero(w) / w.size <= 0.1 + 1e-9
+    layer = tl.TensorCoreLinear.from_dense(w, np.ones(300), "nm_tc:1,10", activation="gelu", device="cpu")
+    values, cols = layer.values.float().numpy(), layer.index.numpy()
+    assert values.shape[1] % tl.KC_ALIGN == 0 and cols.shape == (3, values.shape[1])
+    assert layer.bias.dtype == torch.float32
+    dense = nm_tc.unpack(values, cols, w.shape, tl.VEC)  # the padding slots add zeros
+    np.testing.assert_allclose(dense, w.astype(np.float16).astype(np.float64), rtol=0, atol=0)
+
+
+def test_two_four_weight_packs_for_mma_sp_and_other_weights_are_refused():
+    rng = np.random.default_rng(1)
+    w = tl.prune(rng.standard_normal((64, 128)).astype(np.float32), "mma_sp:2,4")
+    layer = tl.TensorCoreLinear.from_dense(w, None, "mma_sp:2,4", device="cpu")
+    assert layer.index.dtype == torch.uint32 and layer.values.shape == (64, 64)
+    with pytest.raises(ValueError, match="more than 2 of every 4"):
+        tl.TensorCoreLinear.from_dense(rng.standard_normal((64, 128)), None, "mma_sp:2,4", device="cpu")
+    with pytest.raises(ValueError, match=r"row vector 0 .* uses"):
+        tl.TensorCoreLinear.from_dense(rng.standard_normal((128, 40)), None, "nm_tc:1,10", device="cpu")
+
+
+def test_inputs_the_kernel_cannot_take_are_named():
+    w = tl.prune(np.random.default_rng(2).standard_normal((128, 64)).astype(np.float32), "nm_tc:1,8")
+    layer = tl.TensorCoreLinear.from_dense(w, None, "nm_tc:1,8", device="cpu")
+    with pytest.raises(ValueError, match="runs on a CUDA GPU"):
+        layer(torch.zeros(4, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="last dimension should be 64"):
+        layer(torch.zeros(4, 65, dtype=torch.float16))
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        tl.TensorCoreLinear.from_dense(w, None, "nm_tc:1,8", device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="activation should be one of"):
+        tl.TensorCoreLinear.from_dense(w, None, "nm_tc:1,8", activation="swish", device="cpu")
+    with pytest.raises(ValueError, match="up gives 128 features but down takes 64"):
+        tl.SparseFFN(layer, layer)
+
+
+def test_sparse_linear_hands_tensor_core_patterns_to_tensor_core_linear():
+    w = tl.prune(np.random.default_rng(3).standard_normal((128, 64)).astype(np.float32), "nm_tc:1,8")
+    layer = SparseLinear.from_dense(torch.from_numpy(w), fmt="nm_tc:1,8", device="cpu")
+    assert isinstance(layer, tl.TensorCoreLinear) and layer.values.dtype == torch.float16
+
+
+@pytest.mark.parametrize("mode, tokens, kc, want", [
+    ("gather", 128, 96, dict(warps_m=4, k_steps=2)), ("gather", 4096, 96, dict(warps_m=2, k_steps=2, stages=4)),
+    ("gather", 4096, 320, dict(k_steps=4, stages=3)), ("sp24", 4096, 0, dict(k_steps=4))])
+def test_knobs_follow_the_token_count_and_row_length(mode, tokens, kc, want):
+    from schedules import tc_pipeline as tp
+
+    knobs = tl.knobs_for(mode, tokens, kc)
+    assert {k: knobs[k] for k in want} == want
+    bm, _ = tp.block_shape({**{k: v[0] for k, v in tp.KNOBS.items()}, **knobs})
+    assert tl.VEC % bm == 0  # a block gathers within one row vector
+    tp.check(mode, 3072, 768, tokens, "float16", "float16", tl.VEC, {**{k: v[0] for k, v in tp.KNOBS.items()}, **knobs})
+
+
+def test_transpose_kernel_moves_16_byte_chunks_and_names_sizes_it_cannot_take():
+    """The token-major -> feature-major step (torch's strided copy ran at 21 us where this
+    kernel takes 4 us on an H200 at 4096 x 768; benchmarks/results/ffn_tc_H200.json)."""
+    from nvcc_tools import nvcc_sources
+    from schedules import transpose
+    from schedules.warp_mma import cuda_source
+
+    src = cuda_source(transpose.build(4104, 776))
+    assert src.count("*(uint4*)(X_ptr") >= 1 and src.count("*(uint4*)(Y_ptr") >= 1
+    results = nvcc_sources({("transpose", "sm_90a"): src})
+    assert all(ok for ok, _ in results.values()), results
+    with pytest.raises(ValueError, match="multiples of 8"):
+        transpose.transpose(4096, 770)
+    with pytest.raises(ValueError, match="dtype should be one of"):
+        transpose.transpose(64, 64, "float32")
