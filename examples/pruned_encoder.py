@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """A pruned transformer encoder layer on sparsec's ``SparseLinear``: the six projections
 (query, key, value, output, FFN in, FFN out) pruned to 90 % unstructured, 2:4, or 90 %
-int8 SR-BCRS (V = 8), checked against the same layer in dense PyTorch with the same
-pruned weights, and timed beside it (dense fp32 and fp16). The FFN alone is timed too.
+int8 SR-BCRS (V = 8) on sparsec's CUDA-core kernels (fp32), and — on a GPU — to 90 %
+vector-wise 1:10 and 2:4 on the Tensor Cores (fp16, ``sparsec.tc_linear``: bias and GELU
+in the kernels' epilogue, the FFN as one ``SparseFFN``). Each is checked against the same
+layer in dense PyTorch with the same pruned weights, and timed beside it (dense fp32 and
+fp16). The FFN alone is timed too.
 
     python examples/pruned_encoder.py                   # MiniLM layer 0 (if cached) and BERT-base sizes
     python examples/pruned_encoder.py --tokens 4096 --out encoder.json
@@ -26,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "data"))
 
 PROJECTIONS = ("query", "key", "value", "output", "ffn_in", "ffn_out")
+CUDA_CORE = ("90% unstructured", "2:4", "90% int8 SR-BCRS")
+TENSOR_CORE = ("90% vector-wise 1:10 (Tensor Cores)", "2:4 (Tensor Cores)")
 
 
 def layers():
@@ -62,6 +67,11 @@ def pruned(weights, variant):
         return {p: prune(w) for p, w in weights.items()}, "auto"
     if variant == "2:4":
         return {p: np.where(nm.prune(w, n=2, m=4)[1], w, 0).astype(np.float32) for p, w in weights.items()}, "nm:2,4"
+    if variant in TENSOR_CORE:  # fp16 layers: the weights as the kernels hold them
+        from sparsec.tc_linear import prune
+
+        fmt = "nm_tc:1,10" if variant.startswith("90%") else "mma_sp:2,4"
+        return {p: prune(w, fmt).astype(np.float16).astype(np.float32) for p, w in weights.items()}, fmt
     return {p: prune_vectors(w, 8, 0.9) for p, w in weights.items()}, "srbcrs:v8,int8"
 
 
@@ -92,10 +102,19 @@ def build(torch, st, weights, heads, fmt, device, dtype, quantize_inputs=False):
                 else:
                     lin = st.SparseLinear.from_dense(wt, bias=torch.zeros(w.shape[0]), fmt=fmt, device=device)
                 self.proj[p] = lin.to(device)
+            self.fused_ffn = None
+            if fmt is not None and fmt.partition(":")[0] in ("nm_tc", "mma_sp"):
+                from sparsec.tc_linear import SparseFFN, TensorCoreLinear
+
+                up = TensorCoreLinear.from_dense(weights["ffn_in"], torch.zeros(weights["ffn_in"].shape[0]), fmt,
+                                                 activation="gelu", device=device)
+                self.fused_ffn = SparseFFN(up, self.proj["ffn_out"])
             hidden = weights["query"].shape[0]
             self.ln1, self.ln2 = torch.nn.LayerNorm(hidden).to(device), torch.nn.LayerNorm(hidden).to(device)
 
         def ffn(self, x):
+            if self.fused_ffn is not None:  # GELU in the first kernel, hidden kept feature-major
+                return self.fused_ffn(x)
             return self.proj["ffn_out"](F.gelu(self.proj["ffn_in"](x)))
 
         def forward(self, x):
@@ -107,7 +126,11 @@ def build(torch, st, weights, heads, fmt, device, dtype, quantize_inputs=False):
             return self.ln2(x + self.ffn(x))
 
     model = Encoder()
-    return model.to(dtype) if fmt is None else model
+    if fmt is None:
+        return model.to(dtype)
+    if model.fused_ffn is not None:  # fp16 layer norms; the Tensor Core layers keep fp32 biases
+        model.ln1.to(dtype), model.ln2.to(dtype)
+    return model
 
 
 def main():
@@ -128,31 +151,36 @@ def main():
     rows = []
     for lname, weights, heads in layers():
         x = torch.randn(batch, seq, weights["query"].shape[1], generator=torch.Generator().manual_seed(1)).to(device)
-        for variant in ("90% unstructured", "2:4", "90% int8 SR-BCRS"):
+        for variant in CUDA_CORE + (TENSOR_CORE if device == "cuda" else ()):
             w, fmt = pruned(weights, variant)
+            tensor_core = variant in TENSOR_CORE
             if fmt.startswith("srbcrs"):  # the dense reference multiplies the weights the kernel holds
                 from sparsec.formats import srbcrs
 
                 w = {p: (lambda q: (q[0].toarray() * q[1]).astype(np.float32))(srbcrs.quantize(m, 8))
                      for p, m in w.items()}
-            sparse = build(torch, st, w, heads, fmt, device, torch.float32)
+            sparse = build(torch, st, w, heads, fmt, device, torch.float16 if tensor_core else torch.float32)
             dense32 = build(torch, st, w, heads, None, device, torch.float32, quantize_inputs=fmt.startswith("srbcrs"))
             dense16 = build(torch, st, w, heads, None, device, torch.float16)
             with torch.no_grad():
-                ref, got = dense32(x), sparse(x)
+                ref, got = dense32(x), sparse(x.half() if tensor_core else x).float()
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
+                dense16_err = ((dense16(x.half()).float() - ref).abs().max() / ref.abs().max()).item()
                 row = {"layer": lname, "variant": variant, "format": fmt, "tokens": batch * seq,
                        "density": float(np.mean([np.count_nonzero(v) / v.size for v in w.values()])),
-                       "max_rel_err": err,
+                       "max_rel_err": err, "dense_fp16_max_rel_err": dense16_err,
                        # int8: the layers' float results differ in the last bits, and where an
                        # activation sits on a rounding boundary the next quantization flips one step
-                       # (1/127 of that input's range): 1e-2 bounds it; float formats match to 1e-4
-                       "correct": err < (1e-2 if fmt.startswith("srbcrs") else 1e-4)}
+                       # (1/127 of that input's range): 1e-2 bounds it; fp32 formats match to 1e-4;
+                       # fp16 (Tensor Core) layers as closely as the dense fp16 layer does, within 2x
+                       "correct": err < (1e-2 if fmt.startswith("srbcrs") else
+                                         max(2 * dense16_err, 1e-3) if tensor_core else 1e-4)}
                 if device == "cuda":
                     x16 = x.half()
-                    for name, fn in (("sparsec_ms", lambda: sparse(x)), ("dense_fp32_ms", lambda: dense32(x)),
+                    xs = x16 if tensor_core else x
+                    for name, fn in (("sparsec_ms", lambda: sparse(xs)), ("dense_fp32_ms", lambda: dense32(x)),
                                      ("dense_fp16_ms", lambda: dense16(x16)),
-                                     ("sparsec_ffn_ms", lambda: sparse.ffn(x)),
+                                     ("sparsec_ffn_ms", lambda: sparse.ffn(xs)),
                                      ("dense_fp16_ffn_ms", lambda: dense16.ffn(x16))):
                         row[name] = timer.measure([fn]).median_ms
                     row["vs_fp16"] = row["dense_fp16_ms"] / row["sparsec_ms"]
