@@ -120,7 +120,7 @@ def spmm(mode: str, M: int, K: int, N: int, *, dtype: str = "float16", out_dtype
     token-major, as the next layer or the caller wants it, without a transpose kernel."""
     from tvm.script import tirx as T
 
-    from formats.mma_sp import padded_shape
+    from sparsec.formats.mma_sp import padded_shape
 
     knobs = {**{k: v[0] for k, v in KNOBS.items()}, **knobs}
     check(mode, M, K, N, dtype, out_dtype, vec, knobs)

@@ -68,7 +68,7 @@ def knobs_for(mode: str, tokens: int, kc: int) -> dict:
 def _kernel(mode: str, out_f: int, in_f: int, tokens: int, dtype: str, kc: int, bias: bool, activation: str,
             transpose_c: bool, arch: str):
     """The compiled kernel for one layer shape and token count (shared by equal layers)."""
-    from schedules import tc_pipeline
+    from .schedules import tc_pipeline
 
     extra = {"vec": VEC, "kc": kc} if mode == "gather" else {}
     ex = tc_pipeline.build(mode, out_f, in_f, tokens, arch=arch, dtype=dtype, out_dtype=dtype, bias=bias,
@@ -79,7 +79,7 @@ def _kernel(mode: str, out_f: int, in_f: int, tokens: int, dtype: str, kc: int, 
 
 @functools.lru_cache(maxsize=64)
 def _transposer(rows: int, cols: int, dtype: str, arch: str):
-    from schedules import transpose
+    from .schedules import transpose
 
     return transpose.build(rows, cols, dtype, arch)["transpose"]
 
@@ -109,7 +109,7 @@ class TensorCoreLinear(torch.nn.Module):
     def __init__(self, values: torch.Tensor, index: torch.Tensor, shape: Tuple[int, int], pattern: str,
                  bias: Optional[torch.Tensor] = None, activation: str = "none"):
         super().__init__()
-        from schedules.tc_pipeline import ACTIVATIONS
+        from .schedules.tc_pipeline import ACTIVATIONS
 
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation should be one of {list(ACTIVATIONS)}, got {activation!r}")
@@ -125,7 +125,7 @@ class TensorCoreLinear(torch.nn.Module):
                    device="cuda", dtype=torch.float16):
         """Pack an already-pruned weight (out x in); ValueError naming the row vector and
         window (or 4-column group) that breaks the pattern. ``prune`` makes one that fits."""
-        from formats import mma_sp, nm_tc
+        from .formats import mma_sp, nm_tc
 
         kind, n, m = parse_pattern(pattern)
         w = weight.detach().cpu().float().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
@@ -215,7 +215,7 @@ class SparseFFN(torch.nn.Module):
 def prune(weight: np.ndarray, pattern: str) -> np.ndarray:
     """``weight`` pruned by magnitude to ``pattern`` (vector-wise N:M by the vectors' L1
     norms; 2:4 per row), zeros elsewhere, same dtype."""
-    from formats import nm, nm_tc
+    from .formats import nm, nm_tc
 
     kind, n, m = parse_pattern(pattern)
     w = np.asarray(weight)
