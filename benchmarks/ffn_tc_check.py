@@ -53,10 +53,10 @@ def main():
 
     import torch
 
+    from sparsec.bench.report import table
     from sparsec.bench.timing import Timer, device_l2_bytes, rotation_count
     from sparsec.tc_linear import SparseFFN, TensorCoreLinear, feature_major
 
-    F = torch.nn.functional
     timer = Timer("cuda", warmup_ms=20, budget_ms=200)
     rows = []
     for pattern in args.patterns:
@@ -109,14 +109,14 @@ def main():
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "ffn_tc.json").write_text(json.dumps(result, separators=(",", ":")))
     print(f"device: {gpu}; BERT-base-sized FFN {HIDDEN}->{INNER}->{HIDDEN}, fp16, biases, GELU")
-    print("| pattern | tokens | rel err (dense fp16) | sparsec ms (up + down + transpose) | dense fp16 ms | speedup |")
-    print("|---|---:|---|---|---:|---:|")
-    for r in rows:
-        print(f"| {r['pattern']} | {r['tokens']} | {r['max_rel_err']:.1e} ({r['dense_fp16_max_rel_err']:.1e})"
-              f"{'' if r['correct'] else ' WRONG'} | {r['sparsec_ms']:.4f} ({r['up_kernel_ms']:.4f} + "
-              f"{r['down_kernel_ms']:.4f} + {r['input_transpose_ms']:.4f}) | {r['dense_fp16_ms']:.4f} | "
-              f"{r['speedup']:.2f}x |")
-
+    print(table([("pattern", lambda r: r["pattern"]), ("tokens:", lambda r: r["tokens"]),
+                 ("rel err (dense fp16)", lambda r: f"{r['max_rel_err']:.1e} ({r['dense_fp16_max_rel_err']:.1e})"
+                  + ("" if r["correct"] else " WRONG")),
+                 ("sparsec ms (up + down + transpose)",
+                  lambda r: f"{r['sparsec_ms']:.4f} ({r['up_kernel_ms']:.4f} + {r['down_kernel_ms']:.4f} + "
+                            f"{r['input_transpose_ms']:.4f})"),
+                 ("dense fp16 ms:", lambda r: f"{r['dense_fp16_ms']:.4f}"),
+                 ("speedup:", lambda r: f"{r['speedup']:.2f}x")], rows))
 
 if __name__ == "__main__":
     main()

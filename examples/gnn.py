@@ -96,6 +96,7 @@ def main():
     import torch
 
     import sparsec.torch as st
+    from sparsec.bench.report import table, write_json
     from sparsec.bench.timing import Timer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -155,17 +156,18 @@ def main():
             print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": gpu, "rows": rows}, indent=1))
+        write_json({"device": gpu, "rows": rows}, args.out)
     print(f"device: {gpu}")
-    print("| graph | model | sparsec format | nodes | edges | forward ms sparsec / torch.sparse | speedup | train step ms "
-          "sparsec / torch.sparse | speedup | correct |")
-    print("|---|---|---|---:|---:|---|---:|---|---:|---|")
-    for r in rows:
-        print(f"| {r['graph']} | {r['model']} | {r['format'].split('[')[0]} | {r['nodes']} | {r['edges']} | "
-              f"{r['sparsec_forward_ms']:.3f} / {r['torch.sparse_forward_ms']:.3f} | {r['forward_speedup']:.2f}x | "
-              f"{r['sparsec_train_step_ms']:.3f} / "
-              f"{r['torch.sparse_train_step_ms']:.3f} | {r['train_step_speedup']:.2f}x | {r['correct']} |")
-
+    print(table([("graph", lambda r: r["graph"]), ("model", lambda r: r["model"]),
+                 ("sparsec format", lambda r: r["format"].split("[")[0]), ("nodes:", lambda r: r["nodes"]),
+                 ("edges:", lambda r: r["edges"]),
+                 ("forward ms sparsec / torch.sparse",
+                  lambda r: f"{r['sparsec_forward_ms']:.3f} / {r['torch.sparse_forward_ms']:.3f}"),
+                 ("speedup:", lambda r: f"{r['forward_speedup']:.2f}x"),
+                 ("train step ms sparsec / torch.sparse",
+                  lambda r: f"{r['sparsec_train_step_ms']:.3f} / {r['torch.sparse_train_step_ms']:.3f}"),
+                 ("speedup:", lambda r: f"{r['train_step_speedup']:.2f}x"), ("correct", lambda r: r["correct"])],
+                rows))
 
 if __name__ == "__main__":
     main()

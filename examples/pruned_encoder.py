@@ -106,9 +106,10 @@ def build(torch, st, weights, heads, fmt, device, dtype, quantize_inputs=False):
             if fmt is not None and fmt.partition(":")[0] in ("nm_tc", "mma_sp"):
                 from sparsec.tc_linear import SparseFFN, TensorCoreLinear
 
-                up = TensorCoreLinear.from_dense(weights["ffn_in"], torch.zeros(weights["ffn_in"].shape[0]), fmt,
-                                                 activation="gelu", device=device)
-                self.fused_ffn = SparseFFN(up, self.proj["ffn_out"])
+                # the FFN's first layer carries the GELU in its kernel
+                self.proj["ffn_in"] = TensorCoreLinear.from_dense(
+                    weights["ffn_in"], torch.zeros(weights["ffn_in"].shape[0]), fmt, activation="gelu", device=device)
+                self.fused_ffn = SparseFFN(self.proj["ffn_in"], self.proj["ffn_out"])
             hidden = weights["query"].shape[0]
             self.ln1, self.ln2 = torch.nn.LayerNorm(hidden).to(device), torch.nn.LayerNorm(hidden).to(device)
 
@@ -142,6 +143,7 @@ def main():
     import torch
 
     import sparsec.torch as st
+    from sparsec.bench.report import table, write_json
     from sparsec.bench.timing import Timer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -189,17 +191,15 @@ def main():
             print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": gpu, "rows": rows}, indent=1))
+        write_json({"device": gpu, "rows": rows}, args.out)
     print(f"device: {gpu}, tokens {batch * seq}")
-    print("| layer | variant | format | max rel err | layer ms sparsec / dense fp32 / dense fp16 | "
-          "vs fp16 | FFN vs fp16 |")
-    print("|---|---|---|---:|---|---:|---:|")
-    for r in rows:
-        t = (f"{r['sparsec_ms']:.3f} / {r['dense_fp32_ms']:.3f} / {r['dense_fp16_ms']:.3f}"
-             if "sparsec_ms" in r else "-")
-        print(f"| {r['layer']} | {r['variant']} | {r['format']} | {r['max_rel_err']:.1e} | {t} | "
-              f"{r.get('vs_fp16', float('nan')):.2f}x | {r.get('ffn_vs_fp16', float('nan')):.2f}x |")
-
+    print(table([("layer", lambda r: r["layer"]), ("variant", lambda r: r["variant"]),
+                 ("format", lambda r: r["format"]), ("max rel err:", lambda r: f"{r['max_rel_err']:.1e}"),
+                 ("layer ms sparsec / dense fp32 / dense fp16",
+                  lambda r: f"{r['sparsec_ms']:.3f} / {r['dense_fp32_ms']:.3f} / {r['dense_fp16_ms']:.3f}"
+                  if "sparsec_ms" in r else "-"),
+                 ("vs fp16:", lambda r: f"{r.get('vs_fp16', float('nan')):.2f}x"),
+                 ("FFN vs fp16:", lambda r: f"{r.get('ffn_vs_fp16', float('nan')):.2f}x")], rows))
 
 if __name__ == "__main__":
     main()

@@ -176,7 +176,8 @@ class TensorCoreLinear(torch.nn.Module):
                     self.activation, token_major_out, _arch(xt.device))
         shape = (tokens, self.out_features) if token_major_out else (self.out_features, tokens)
         out = torch.empty(shape, dtype=xt.dtype, device=xt.device)
-        args = (self.values, self.index, xt) + ((self.bias,) if self.bias is not None else ()) + (out,)
+        bias = () if self.bias is None else (self.bias.float(),)  # float32 even after module.half()
+        args = (self.values, self.index, xt) + bias + (out,)
         with on_torch_stream(True):
             f(*args)
         return out

@@ -75,6 +75,17 @@ def jsonable(x):
     return x
 
 
+def table(columns: Sequence[tuple], rows: Sequence[dict]) -> str:
+    """A markdown table of ``rows``: ``columns`` are (header, cell function of a row) pairs, a
+    header ending in ``:`` right-aligned (numbers). The examples and GPU checks print theirs
+    with it."""
+    heads = [h.rstrip(":") for h, _ in columns]
+    rules = ["---:" if h.endswith(":") else "---" for h, _ in columns]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join(rules) + "|"]
+    lines += ["| " + " | ".join(str(cell(r)) for _, cell in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def _ms(v) -> str:
     return "—" if v is None else f"{v:.4f}" if v < 1 else f"{v:.3f}"
 
