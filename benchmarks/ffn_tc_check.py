@@ -98,7 +98,8 @@ def main():
             row = {"pattern": pattern, "density": density, "tokens": tokens, "max_rel_err": err,
                    "dense_fp16_max_rel_err": dense_err, "correct": err <= max(2 * dense_err, 1e-3),
                    "sparsec_ms": t_sparse, "dense_fp16_ms": t_dense, "speedup": t_dense / t_sparse,
-                   "up_kernel_ms": t_up, "down_kernel_ms": t_down, "input_transpose_ms": t_transpose, "torch_transpose_ms": t_torch_transpose,
+                   "up_kernel_ms": t_up, "down_kernel_ms": t_down, "input_transpose_ms": t_transpose,
+                   "torch_transpose_ms": t_torch_transpose,
                    "dense_fp16_tflops": flops / t_dense / 1e9,
                    "sparsec_useful_tflops": flops * density / t_sparse / 1e9, "input_copies": copies}
             rows.append(row)

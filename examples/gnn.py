@@ -96,7 +96,7 @@ def main():
     import torch
 
     import sparsec.torch as st
-    from sparsec.bench.report import table, write_json
+    from sparsec.bench.report import finish
     from sparsec.bench.timing import Timer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -154,20 +154,17 @@ def main():
             row["train_step_speedup"] = row["torch.sparse_train_step_ms"] / row["sparsec_train_step_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    if args.out:
-        write_json({"device": gpu, "rows": rows}, args.out)
-    print(f"device: {gpu}")
-    print(table([("graph", lambda r: r["graph"]), ("model", lambda r: r["model"]),
-                 ("sparsec format", lambda r: r["format"].split("[")[0]), ("nodes:", lambda r: r["nodes"]),
-                 ("edges:", lambda r: r["edges"]),
-                 ("forward ms sparsec / torch.sparse",
-                  lambda r: f"{r['sparsec_forward_ms']:.3f} / {r['torch.sparse_forward_ms']:.3f}"),
-                 ("speedup:", lambda r: f"{r['forward_speedup']:.2f}x"),
-                 ("train step ms sparsec / torch.sparse",
-                  lambda r: f"{r['sparsec_train_step_ms']:.3f} / {r['torch.sparse_train_step_ms']:.3f}"),
-                 ("speedup:", lambda r: f"{r['train_step_speedup']:.2f}x"), ("correct", lambda r: r["correct"])],
-                rows))
+    columns = [("graph", lambda r: r["graph"]), ("model", lambda r: r["model"]),
+               ("sparsec format", lambda r: r["format"].split("[")[0]), ("nodes:", lambda r: r["nodes"]),
+               ("edges:", lambda r: r["edges"]),
+               ("forward ms sparsec / torch.sparse",
+                lambda r: f"{r['sparsec_forward_ms']:.3f} / {r['torch.sparse_forward_ms']:.3f}"),
+               ("speedup:", lambda r: f"{r['forward_speedup']:.2f}x"),
+               ("train step ms sparsec / torch.sparse",
+                lambda r: f"{r['sparsec_train_step_ms']:.3f} / {r['torch.sparse_train_step_ms']:.3f}"),
+               ("speedup:", lambda r: f"{r['train_step_speedup']:.2f}x"), ("correct", lambda r: r["correct"])]
+    finish(rows, columns, device, args.out)
+
 
 if __name__ == "__main__":
     main()

@@ -143,7 +143,7 @@ def main():
     import torch
 
     import sparsec.torch as st
-    from sparsec.bench.report import table, write_json
+    from sparsec.bench.report import finish
     from sparsec.bench.timing import Timer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -189,17 +189,15 @@ def main():
                     row["ffn_vs_fp16"] = row["dense_fp16_ffn_ms"] / row["sparsec_ffn_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    if args.out:
-        write_json({"device": gpu, "rows": rows}, args.out)
-    print(f"device: {gpu}, tokens {batch * seq}")
-    print(table([("layer", lambda r: r["layer"]), ("variant", lambda r: r["variant"]),
-                 ("format", lambda r: r["format"]), ("max rel err:", lambda r: f"{r['max_rel_err']:.1e}"),
-                 ("layer ms sparsec / dense fp32 / dense fp16",
-                  lambda r: f"{r['sparsec_ms']:.3f} / {r['dense_fp32_ms']:.3f} / {r['dense_fp16_ms']:.3f}"
-                  if "sparsec_ms" in r else "-"),
-                 ("vs fp16:", lambda r: f"{r.get('vs_fp16', float('nan')):.2f}x"),
-                 ("FFN vs fp16:", lambda r: f"{r.get('ffn_vs_fp16', float('nan')):.2f}x")], rows))
+    columns = [("layer", lambda r: r["layer"]), ("variant", lambda r: r["variant"]),
+               ("format", lambda r: r["format"]), ("max rel err:", lambda r: f"{r['max_rel_err']:.1e}"),
+               ("layer ms sparsec / dense fp32 / dense fp16",
+                lambda r: f"{r['sparsec_ms']:.3f} / {r['dense_fp32_ms']:.3f} / {r['dense_fp16_ms']:.3f}"
+                if "sparsec_ms" in r else "-"),
+               ("vs fp16:", lambda r: f"{r.get('vs_fp16', float('nan')):.2f}x"),
+               ("FFN vs fp16:", lambda r: f"{r.get('ffn_vs_fp16', float('nan')):.2f}x")]
+    finish(rows, columns, device, args.out, f", tokens {batch * seq}")
+
 
 if __name__ == "__main__":
     main()

@@ -269,3 +269,15 @@ def test_timer_times_uncapturable_calls_eagerly_on_the_cpu_too():
     assert t.method == "cpu" and t.median_ms >= 0.0
     with pytest.raises(ValueError, match="mode"):
         Timer("cuda", mode="fast")
+
+
+def test_finish_writes_the_rows_and_prints_a_right_aligned_table(tmp_path, capsys):
+    from sparsec.bench.report import finish
+
+    rows = [{"name": "a", "ms": 1.5}, {"name": "b", "ms": 0.25}]
+    out = tmp_path / "r.json"
+    assert finish(rows, [("name", lambda r: r["name"]), ("ms:", lambda r: f"{r['ms']:.2f}")], "cpu", str(out),
+                  ", tokens 8") == "cpu"
+    assert json.loads(out.read_text()) == {"device": "cpu", "rows": rows}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["device: cpu, tokens 8", "| name | ms |", "|---|---:|", "| a | 1.50 |", "| b | 0.25 |"]

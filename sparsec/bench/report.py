@@ -86,6 +86,22 @@ def table(columns: Sequence[tuple], rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def finish(rows: Sequence[dict], columns: Sequence[tuple], device: str, out: Optional[str] = None,
+           note: str = "") -> str:
+    """An example's or check's ending: the rows (with the device's name) to ``out`` as JSON,
+    then the device line and :func:`table` printed. Returns the device's name."""
+    name = "cpu"
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name()
+    if out:
+        write_json({"device": name, "rows": list(rows)}, out)
+    print(f"device: {name}{note}")
+    print(table(columns, rows))
+    return name
+
+
 def _ms(v) -> str:
     return "—" if v is None else f"{v:.4f}" if v < 1 else f"{v:.3f}"
 
