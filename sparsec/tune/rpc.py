@@ -34,7 +34,7 @@ import numpy as np
 from . import runner as RN
 
 
-class LocalCluster:
+class LocalCluster(RN.Closing):
     """A tracker and ``servers`` RPC servers on this machine, for tests and for one GPU host
     (``env_per_server``: e.g. ``[{"CUDA_VISIBLE_DEVICES": "0"}, {...: "1"}]``). Each server
     is a process of TVM's own ``tvm.exec.rpc_server``."""
@@ -71,12 +71,6 @@ class LocalCluster:
         info = rpc.connect_tracker(*parse_tracker(self.address)).summary().get("server_info", [])
         return sum(1 for s in info if s.get("key", "").split(":")[-1] == self.key)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def close(self):
         import signal
 
@@ -101,7 +95,7 @@ def parse_tracker(address: str) -> Tuple[str, int]:
     return host, int(port)
 
 
-class RPCRunner:
+class RPCRunner(RN.Closing):
     """Build here, measure on the servers registered with the tracker under ``key``.
 
     ``parallel`` sessions run at once (default: the servers under ``key`` when a round
@@ -129,12 +123,6 @@ class RPCRunner:
         self._pool = ProcessPoolExecutor(workers or os.cpu_count() or 1,
                                          mp_context=multiprocessing.get_context("spawn"))  # TVM is not fork-safe
         self._libs = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def close(self):
         self._pool.shutdown(wait=False, cancel_futures=True)  # an abandoned build must not hold this up

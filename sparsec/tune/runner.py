@@ -143,7 +143,18 @@ def measure(candidates: Sequence[Dict[str, Any]], matrix, target: str = "llvm", 
         return runner.measure(candidates, matrix, seed=seed)
 
 
-class Runner:
+class Closing:
+    """``with X(...) as x:`` closes x on the way out, errors or not (the runners hold
+    worker processes and temporary directories)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Runner(Closing):
     """Long-lived build and measure workers for one target.
 
     ``timeout_s`` bounds each candidate's measurement (check plus timing) and
@@ -178,12 +189,6 @@ class Runner:
         self._tasks: Dict[int, Dict[str, Any]] = {}  # ticket -> candidate, matrix, seed (in flight)
         self._ready: List[tuple] = []  # (ticket, result) finished, not yet collected
         self._next_ticket = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def close(self):
         for pool in (self._builders, self._measurers):
