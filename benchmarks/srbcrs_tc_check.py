@@ -40,7 +40,7 @@ def main():
     import torch
 
     from lowprec import SPARSITIES, VECS, lowprec
-    from schedules import srbcrs_tensorcore as stc
+    from sparsec.schedules import srbcrs_tensorcore as stc
     from sparsec.bench.timing import Timer
     from sparsec.formats import convert
 

@@ -66,7 +66,7 @@ def rel_max(out, ref, scale) -> float:
 def weights(mode: str):
     """``[(name, pruned float16 weight)]``: the nm suite's layers (2:4, or vector-wise 1:8)
     and a 4096 x 4096 layer."""
-    from formats import nm, nm_tc
+    from sparsec.formats import nm, nm_tc
     from lowprec import weights as suite_weights
 
     rng = np.random.default_rng(24)
@@ -84,7 +84,7 @@ def operands(mode, a):
     """(A, E) device arrays of the weight for ``mode`` and the gathered row length kc."""
     import torch
 
-    from formats import mma_sp, nm_tc
+    from sparsec.formats import mma_sp, nm_tc
 
     if mode == "sp24":
         values, meta = mma_sp.pack(a)
@@ -97,17 +97,17 @@ def operands(mode, a):
 def run_mode(mode, quick, timer, rng, only=(), tokens=(), sets=None, odd=True):
     import torch
 
-    from schedules import tc_pipeline as tp
+    from sparsec.schedules import tc_pipeline as tp
 
     cases = [(name, w, n) for name, w in weights(mode) for n in (tokens or (QUICK_TOKENS if quick else TOKENS))
              if not only or any(o in name for o in only)]
     for m, k, n in ODD if odd else ():
         w = rng.standard_normal((m, k)).astype(np.float32)
         if mode == "sp24":
-            from formats import nm
+            from sparsec.formats import nm
             cases.append((f"odd-{m}x{k}", np.where(nm.prune(w, n=2, m=4)[1], w, 0).astype(np.float16), n))
         else:
-            from formats import nm_tc
+            from sparsec.formats import nm_tc
             cases.append((f"odd-{m}x{k}", nm_tc.prune(w, **GATHER).astype(np.float16), n))
     rows = []
     for name, a, n in cases:

@@ -89,7 +89,7 @@ def unpack(values, cols, shape, vec: int) -> np.ndarray:
 def prune(w, *, n: int, m: int, vec: int) -> np.ndarray:
     """``w`` with all but the N columns of largest L1 norm over each row vector zeroed in
     every window of M (``formats.nm.prune``'s vector-wise rule)."""
-    from formats import nm
+    from . import nm
 
     _, keep = nm.prune(np.asarray(w, dtype=np.float32), n=n, m=m, vec=vec)
     return np.where(keep, w, 0).astype(np.asarray(w).dtype)

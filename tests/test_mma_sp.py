@@ -4,7 +4,7 @@ the instruction is specified, gives the dense product."""
 import numpy as np
 import pytest
 
-from formats import mma_sp
+from sparsec.formats import mma_sp
 
 
 def _two_four(rows, cols, seed, empty_rows=(), dense_row=None):

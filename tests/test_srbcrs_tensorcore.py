@@ -9,8 +9,8 @@ import pytest
 import scipy.sparse as sp
 
 from nvcc_tools import nvcc_ptx, nvcc_sources
-from schedules import srbcrs_tensorcore as stc
-from schedules.warp_mma import cuda_source
+from sparsec.schedules import srbcrs_tensorcore as stc
+from sparsec.schedules.warp_mma import cuda_source
 from sparsec.formats import convert
 
 INSTR = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"

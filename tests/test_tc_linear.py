@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from formats import nm_tc
+from sparsec.formats import nm_tc
 from sparsec import tc_linear as tl
 from sparsec.torch import SparseLinear
 
@@ -72,7 +72,7 @@ def test_sparse_linear_hands_tensor_core_patterns_to_tensor_core_linear():
     ("gather", 128, 96, dict(warps_m=4, k_steps=2)), ("gather", 4096, 96, dict(warps_m=2, k_steps=2, stages=4)),
     ("gather", 4096, 320, dict(k_steps=4, stages=3)), ("sp24", 4096, 0, dict(k_steps=4))])
 def test_knobs_follow_the_token_count_and_row_length(mode, tokens, kc, want):
-    from schedules import tc_pipeline as tp
+    from sparsec.schedules import tc_pipeline as tp
 
     knobs = tl.knobs_for(mode, tokens, kc)
     assert {k: knobs[k] for k in want} == want
@@ -85,8 +85,8 @@ def test_transpose_kernel_moves_16_byte_chunks_and_names_sizes_it_cannot_take():
     """The token-major -> feature-major step (torch's strided copy ran at 21 us where this
     kernel takes 4 us on an H200 at 4096 x 768; benchmarks/results/ffn_tc_H200.json)."""
     from nvcc_tools import nvcc_sources
-    from schedules import transpose
-    from schedules.warp_mma import cuda_source
+    from sparsec.schedules import transpose
+    from sparsec.schedules.warp_mma import cuda_source
 
     src = cuda_source(transpose.build(4104, 776))
     assert src.count("*(uint4*)(X_ptr") >= 1 and src.count("*(uint4*)(Y_ptr") >= 1

@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from formats import mma_sp, nm_tc
+from sparsec.formats import mma_sp, nm_tc
 from nvcc_tools import nvcc_ptx, nvcc_sources
-from schedules import tc_pipeline as tp
-from schedules.warp_mma import cuda_source
+from sparsec.schedules import tc_pipeline as tp
+from sparsec.schedules.warp_mma import cuda_source
 
 
 def _vector_nm(rows, cols, n, m, vec, seed, empty_rows=()):

@@ -112,7 +112,7 @@ def lowprec(cache_dir=DEFAULT_CACHE, vecs=VECS, sparsities=SPARSITIES, **kw):
 
 def nm(cache_dir=DEFAULT_CACHE, patterns=NM_PATTERNS, **kw):
     """N:M cases: ``[(name, pruned float32, N, M)]``."""
-    from formats import nm as nm_format
+    from sparsec.formats import nm as nm_format
 
     out = []
     for name, w in weights(cache_dir, **kw):
