@@ -4,8 +4,15 @@
     A = sparsec.formats.convert(scipy_matrix, "bsr:4x4")
     kernel = sparsec.compile("spmm", A, feat=64, target="llvm")
     C = kernel(A, B)
+
+Every public name is imported on first use (PEP 562): ``import sparsec`` costs nothing, so
+the command line starts fast and a runtime-only TVM (``TVM_USE_RUNTIME_LIB=1``, where
+exported modules are loaded) never meets the compiler it lacks.
 """
+import importlib as _importlib
 import os as _os
+
+from ._version import __version__
 
 # A source checkout on PYTHONPATH (as on the GPU host) keeps formats/ and schedules/ beside this
 # package; an installed sparsec has them mapped inside it (pyproject's package-dir).
@@ -14,32 +21,30 @@ if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and _os.path.isfile
         _os.path.join(_root, "formats", "__init__.py")):
     __path__.append(_root)
 
-__version__ = "0.1.0"
-
-from . import formats  # noqa: E402
-from .kernel import Kernel  # noqa: E402
-from .runtime import load  # noqa: E402
-from .targets import choose_cuda_compiler  # noqa: E402
-
-choose_cuda_compiler()  # before any CUDA module is loaded: NVRTC only where cuda-bindings is present
-
-# The compiler side (DSL, lowering, schedules) imports TVM's compiler, which a runtime-only
-# TVM (TVM_USE_RUNTIME_LIB=1, where exported modules are loaded) does not have: import it on
-# first use, so that ``import sparsec; sparsec.load(path)`` works there.
-_LAZY = {"compile": ("build", "compile"), "dsl": ("dsl", None), "inspect": ("inspect", None),
-         "ops": ("ops", None)}
+# public name -> (submodule, attribute or None for the submodule itself)
+_LAZY = {
+    "compile": ("build", "compile"),  # becomes ("api", "compile") when sparsec/api.py lands (h1)
+    "load": ("runtime", "load"),
+    "Kernel": ("kernel", "Kernel"),
+    "formats": ("formats", None),
+    "dsl": ("dsl", None),
+    "inspect": ("inspect", None),
+    "ops": ("ops", None),
+}
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sparsec' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = _importlib.import_module(f".{module}", __name__)
+    value = getattr(value, attr) if attr else value
+    globals()[name] = value
+    return value
 
-        module, attr = _LAZY[name]
-        value = importlib.import_module(f".{module}", __name__)
-        value = getattr(value, attr) if attr else value
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'sparsec' has no attribute {name!r}")
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = ["compile", "load", "Kernel", "dsl", "formats", "inspect", "ops", "__version__"]

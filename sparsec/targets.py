@@ -88,3 +88,6 @@ def choose_cuda_compiler() -> str:
         if not has_bindings:
             os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
     return os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc")
+
+
+choose_cuda_compiler()  # at import: every compile parses its target here, before TVM compiles CUDA

@@ -2,37 +2,44 @@
 
     sparsec tune spmm --suite graphs --feat 32 128 --target cuda --trials 64 [--resume] [--plot tune.png]
     sparsec tune spmm --matrix A.npz --feat 64 --target llvm --trials 16 --formats csr,hyb
+    sparsec tune sddmm --random 3000,2000,0.01 --dtype float64 --target llvm --trials 8
 
 Shows a progress bar (tqdm; a line per case without it), then a table per case: the
 untuned default, the best of each format family, the speedup of the best over the
 default and, with ``--peer`` on a GPU, over cuSPARSE (the best and default are then timed
 again by ``sparsec.bench``, side by side with cuSPARSE, as every benchmark is).
+
+The tuner (and through it the compiler) is imported only when the command runs, so that
+``sparsec --help`` stays fast; ``--plot`` without matplotlib is refused before any work.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import os
 import sys
 import time
 from typing import List
 
-from ..bench.report import geomean
-from .space import FAMILIES, SIZES, describe
+from .common import add_matrix_source, count, dumps, positive_int
+
+TUNE_DTYPES = ("float32", "float64", "float16")  # the tuner searches float formats (csr, hyb, ell, bsr)
 
 
-def add_parser(sub, common, positive_int, count):
+def add_parser(sub, common):
     p = sub.add_parser("tune", parents=[common], help="tune formats x schedules with the XGBoost cost model")
     p.add_argument("op", choices=("spmm", "sddmm"), help="operator to tune")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--matrix", metavar="FILE.npz", nargs="+", help="scipy.sparse.save_npz file(s)")
-    src.add_argument("--suite", choices=("graphs",), help="benchmarks/data/suites.py suite")
+    src = add_matrix_source(p, required=True, many=True)
+    src.add_argument("--suite", choices=("graphs",), help="the graphs suite of sparsec.bench.suites")
+    p.add_argument("--dtype", default="float32", choices=TUNE_DTYPES, help="value dtype (default float32)")
     p.add_argument("--feat", type=positive_int, nargs="+", default=None, metavar="N",
                    help="dense feature width(s) (default 64; --suite: the suite's widths)")
     p.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_90a (default llvm)")
     p.add_argument("--trials", type=positive_int, default=64, metavar="N", help="measurements per case (default 64)")
-    p.add_argument("--formats", type=_families, metavar="csr,hyb,...", help=f"families to search ({','.join(FAMILIES)})")
-    p.add_argument("--size", choices=SIZES, default="full", help="full space, or a small enumerable one")
+    p.add_argument("--formats", type=_families, metavar="csr,hyb,...",
+                   help="format families to search, comma separated (default: every family the tuner searches)")
+    p.add_argument("--size", type=_size, default="full", metavar="full|small",
+                   help="the full space (default), or a small enumerable one")
     p.add_argument("--log", metavar="FILE", help="JSON-lines log (default tuning_logs/<op>_<target>.jsonl)")
     p.add_argument("--resume", action="store_true", help="count this log's earlier measurements of a case")
     p.add_argument("--batch", type=positive_int, default=8, metavar="B", help="candidates per round (default 8)")
@@ -49,8 +56,9 @@ def add_parser(sub, common, positive_int, count):
     p.add_argument("--rpc-key", metavar="KEY", help="the servers' device key, with --rpc")
     p.add_argument("--max-rmat", type=count, metavar="NNZ", help="--suite: leave out larger R-MAT graphs (4M)")
     p.add_argument("--peer", action="store_true", help="GPU: time default and best again beside cuSPARSE")
-    p.add_argument("--json", metavar="FILE", help="write the per-case results")
-    p.add_argument("--plot", metavar="FILE.png", help="best-so-far vs trials, predicted vs measured")
+    p.add_argument("--json", metavar="FILE", help="write the per-case results (non-finite numbers as null)")
+    p.add_argument("--plot", metavar="FILE.png", help="best-so-far vs trials, predicted vs measured "
+                                                      "(needs matplotlib: pip install 'sparsec[tune]')")
     p.add_argument("--seed", type=int, default=0, help="random seed (exploration, inputs)")
     # tests: make measurements number N, M, ... crash / hang / return wrong results (N:kind,...)
     p.add_argument("--inject-faults", type=_faults, default=None, help=argparse.SUPPRESS)
@@ -59,11 +67,21 @@ def add_parser(sub, common, positive_int, count):
 
 
 def _families(text: str) -> List[str]:
+    from ..tune.space import FAMILIES
+
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in FAMILIES]
     if not names or bad:
         raise argparse.ArgumentTypeError(f"--formats takes a comma list of {', '.join(FAMILIES)}; got {text!r}")
     return names
+
+
+def _size(text: str) -> str:
+    from ..tune.space import SIZES
+
+    if text not in SIZES:
+        raise argparse.ArgumentTypeError(f"--size should be one of {', '.join(SIZES)}; got {text!r}")
+    return text
 
 
 def _faults(text: str):
@@ -77,29 +95,37 @@ def _faults(text: str):
 
 
 def _cases(args):
-    from .tuner import Case
+    from .. import datasets, workload
+    from ..tune.tuner import Case
 
     if args.suite:
-        from ..bench.cases import graph_matrices, load_suites_module
+        from ..bench import suites
+        from ..bench.cases import graph_matrices
 
-        feats = args.feat or list(load_suites_module().GRAPH_FEATS)
-        mats = graph_matrices(load_suites_module().DEFAULT_CACHE, max_rmat=args.max_rmat)
+        feats = args.feat or list(suites.GRAPH_FEATS)
+        mats = graph_matrices(suites.default_cache_dir(), max_rmat=args.max_rmat)
         return [Case(name, m, f) for name, m in mats for f in feats]
-    import os
-
-    import scipy.sparse as sp
-
+    if args.random is not None:
+        m, seed = workload.random_matrix(args.random)
+        name = "random-{}x{}-{}-s{}".format(*m.shape, args.random.split(",")[2], seed)
+        return [Case(name, m, f) for f in (args.feat or [64])]
     out = []
     for path in args.matrix:
-        if not os.path.isfile(path):
-            raise ValueError(f"--matrix {path}: no such file")
-        try:
-            m = sp.load_npz(path)
-        except Exception as e:
-            raise ValueError(f"--matrix {path} is not a scipy.sparse .npz file ({e})") from None
+        m = datasets.load_npz(path)  # the checks and messages of every matrix file
         name = os.path.splitext(os.path.basename(path))[0]
         out += [Case(name, m, f) for f in (args.feat or [64])]
     return out
+
+
+def check_plot_possible(path) -> None:
+    """Refuse ``--plot`` before any work when matplotlib is missing (it is in the tune extra)."""
+    if path is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(f"--plot {path} needs matplotlib, which is not installed: "
+                         "pip install 'sparsec[tune]' (or matplotlib), or leave --plot out") from None
 
 
 class _Progress:
@@ -136,7 +162,9 @@ class _Progress:
 
 
 def cmd_tune(args) -> int:
-    from .tuner import tune_cases
+    check_plot_possible(args.plot)
+    from ..bench.report import geomean
+    from ..tune.tuner import tune_cases
 
     cases = _cases(args)
     if not cases:
@@ -147,7 +175,7 @@ def cmd_tune(args) -> int:
             raise ValueError("--rpc and --rpc-key go together")
         if args.devices:
             raise ValueError("--devices picks local GPUs; with --rpc every server under the key measures")
-        from .rpc import RPCRunner
+        from ..tune.rpc import RPCRunner
 
         runner = RPCRunner(args.rpc, args.rpc_key, args.target, timeout_s=args.timeout,
                            build_timeout_s=args.build_timeout, workers=args.workers)
@@ -156,7 +184,7 @@ def cmd_tune(args) -> int:
     try:
         results = tune_cases(
             args.op, cases, target=args.target, trials=args.trials, log=args.log, resume=args.resume,
-            families=args.formats, size=args.size, batch=args.batch, epsilon=args.epsilon, patience=args.patience,
+            dtype=args.dtype, families=args.formats, size=args.size, batch=args.batch, epsilon=args.epsilon, patience=args.patience,
             seed=args.seed, transfer=not args.no_transfer, inject=args.inject_faults,
             runner_options={"workers": args.workers, "timeout_s": args.timeout, "devices": args.devices,
                             "build_timeout_s": args.build_timeout},
@@ -176,7 +204,8 @@ def cmd_tune(args) -> int:
     print(wall_line(results, wall))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"op": args.op, "target": args.target, "trials": args.trials, "cases": rows}, f, indent=1)
+            f.write(dumps({"op": args.op, "target": args.target, "dtype": args.dtype, "trials": args.trials,
+                           "cases": rows}, indent=1))
     if args.plot:
         plot(results, args.plot)
     return 0
@@ -194,6 +223,8 @@ def wall_line(results, wall: float) -> str:
 
 
 def summary_row(r) -> dict:
+    from ..tune.space import describe
+
     s = r.search
     best, default = s.best, s.default
     fams = {}
@@ -283,8 +314,8 @@ def plot(results, path: str):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .model import log_throughput
-    from .features import MatrixContext
+    from ..tune.features import MatrixContext
+    from ..tune.model import log_throughput
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
     xs, ys = [], []
