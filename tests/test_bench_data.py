@@ -1,9 +1,13 @@
-"""benchmarks/data/{minilm,rmat,suites}.py on tiny inputs (no network, no big R-MAT)."""
+"""sparsec.bench.{suites,rmat} and benchmarks/data/{minilm,structured,lowprec}.py on tiny inputs (no network,
+no big R-MAT)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import struct
 import zipfile
 from pathlib import Path
@@ -12,20 +16,27 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from sparsec.bench import rmat as rmat_mod
+from sparsec.bench import suites
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
 
 
 def _load(name):
+    """A benchmarks/data script as a module, the way it runs: its folder first on sys.path (for
+    its ``_preamble`` and sibling helpers)."""
     spec = importlib.util.spec_from_file_location(f"sparsec_benchmark_data_{name}", DATA / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(DATA))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(DATA))
     return module
 
 
 minilm = _load("minilm")
-rmat_mod = _load("rmat")
-suites = _load("suites")
 structured = _load("structured")
 lowprec = _load("lowprec")
 
@@ -409,3 +420,37 @@ def test_lowprec_and_nm_suites_without_minilm(tmp_path, capsys):
     for _, w, n, m in nm_cases:
         per_window = (w.reshape(64, 48 // m, m) != 0).sum(axis=2)
         assert per_window.max() == n and np.count_nonzero(w) == 64 * 48 * n // m
+
+
+# ----------------------------------------------------------------------------- the library and benchmarks/
+
+
+def test_library_never_reads_benchmarks(tmp_path):
+    """sparsec (suites, cases, the CLI) runs from outside the checkout without putting
+    benchmarks/ on sys.path, and keeps its data where SPARSEC_DATA_DIR says."""
+    code = ("import sys; import sparsec.bench.cases as c, sparsec.bench.suites as s, sparsec.cli; "
+            "print(s.default_cache_dir()); print([p for p in sys.path if 'benchmarks' in p])")
+    env = {**os.environ, "SPARSEC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out == [str(tmp_path / "data"), "[]"]
+    for path in (ROOT / "sparsec").rglob("*.py"):
+        text = path.read_text()
+        assert "sys.path" not in text, path
+    env.pop("SPARSEC_DATA_DIR")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out[0] == str(tmp_path / "xdg" / "sparsec")
+
+
+def test_benchmark_preamble_points_the_scripts_at_their_cache(tmp_path):
+    """benchmarks/data/suites.py (a script) describes the graphs suite of sparsec.bench.suites
+    from benchmarks/data/cache unless SPARSEC_DATA_DIR says otherwise."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARSEC_DATA_DIR"}
+    env["PYTHONPATH"] = ""
+    res = subprocess.run([sys.executable, str(DATA / "suites.py"), "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert str(DATA / "cache") in res.stdout.replace("\n", "")
+    del code

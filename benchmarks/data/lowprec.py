@@ -6,7 +6,7 @@
 Weights, as the SpMM's sparse operand A (out features x in features; the dense operand is
 in features x N, N the tokens: :data:`DENSE_DIMS`, 16 ... 8192):
 
-* MiniLM-L6 layer 0, real weights (``minilm.py``'s cache; skipped with a message when
+* MiniLM-L6 layer 0, real weights (the cache's ``minilm`` folder, ``fetch.py --minilm``; skipped with a message when
   absent): FFN in 1536x384, FFN out 384x1536, attention query 384x384;
 * BERT-base-sized layers, normal(0, 0.02) from a fixed seed (BERT's initialiser):
   FFN in 3072x768, FFN out 768x3072, attention 768x768.
@@ -31,21 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-if str(HERE.parents[1]) not in sys.path:
-    sys.path.insert(0, str(HERE.parents[1]))
+import _preamble  # noqa: F401  (the checkout root on sys.path, SPARSEC_DATA_DIR)
 
-from minilm import load_minilm  # noqa: E402
+from sparsec.bench.suites import default_cache_dir, load_minilm
 
-DEFAULT_CACHE = HERE / "cache"
+DEFAULT_CACHE = default_cache_dir()
 DENSE_DIMS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 VECS = (2, 4, 8)
 SPARSITIES = (0.70, 0.80, 0.90, 0.95)
 NM_PATTERNS = ((2, 4), (1, 8))
 SEED = 6
-MINILM_LAYERS = {  # name in the suite -> tensor in minilm.py's cache
+MINILM_LAYERS = {  # name in the suite -> tensor in the cache's minilm folder
     "minilm-L0-ffn-in": "encoder.layer.0.intermediate.dense.weight",  # 1536 x 384
     "minilm-L0-ffn-out": "encoder.layer.0.output.dense.weight",  # 384 x 1536
     "minilm-L0-attn-q": "encoder.layer.0.attention.self.query.weight",  # 384 x 384

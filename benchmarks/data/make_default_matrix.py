@@ -19,19 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE))
+from _preamble import ROOT
+from fetch import GRAPH_TOOL_PKG, download_deb, extract_members, save_npz_reproducible
+from sources import read_gt
 
-from fetch import (  # noqa: E402
-    GRAPH_TOOL_PKG,
-    download_deb,
-    extract_members,
-    save_npz_reproducible,
-)
-from sources import read_gt  # noqa: E402
-
-TARGET = REPO / "sparsec" / "data" / "power_grid.npz"
+TARGET = ROOT / "sparsec" / "data" / "power_grid.npz"
 MEMBER = "usr/lib/python3/dist-packages/graph_tool/collection/power.gt.gz"
 N_VERTICES, N_EDGES = 4941, 6594
 

