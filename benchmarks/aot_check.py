@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 # (file stem, operator, format spec, dtype, feat, archs)
 MODULES = [

@@ -24,6 +24,7 @@ import scipy.sparse as sp
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 

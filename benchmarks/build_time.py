@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 CANDIDATES = [  # (format knobs, schedule knobs, feat)
     ({"buckets": "1/2/4/8/16/32", "col_parts": 1},

@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "data"))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 from check_common import fmt  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 HIDDEN, INNER = 768, 3072
 

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 GATHER_SRC = r"""
 extern "C" __global__ void gather_rows(const float4* __restrict__ B, const int* __restrict__ col,
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     import cupy
     import torch
 
-    from benchmarks.data import suites
+    from sparsec.bench import suites
     from sparsec.bench.timing import Timer
 
     mod = cupy.RawModule(code=GATHER_SRC)

@@ -24,10 +24,10 @@ import scipy.sparse as sp
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
 from sparsec.formats import convert, nm, srbcrs  # noqa: E402
-from dsl_ops import TEST_OPS  # noqa: E402
+from tests.dsl_ops import TEST_OPS  # noqa: E402
 
 DENSE_LIMIT = 20_000  # rows x cols up to this squared: compare with torch's dense matmul
 TOL = {"float32": 1e-5, "float16": 1e-2, "int8": 0.0, "int4": 0.0}

@@ -22,8 +22,7 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 if "TVM_CUDA_COMPILE_MODE" not in os.environ:
     os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
     import tvm_ffi
 
     import sparsec
-    from benchmarks.data import suites
+    from sparsec.bench import suites
     from sparsec.formats import convert
 
     specs = {s.name: s for s in suites.RMAT_SPECS}

@@ -24,10 +24,9 @@ import time
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
-from benchmarks.check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
+from check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 from sparsec.schedules.cuda_sddmm import default_lanes, default_vec  # noqa: E402

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
-from benchmarks.check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
+from check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 
@@ -42,8 +42,7 @@ L2_BYTES = 64 << 20
 
 
 def rmat_1m():
-    sys.path.insert(0, os.path.join(HERE, "data"))
-    from suites import rmat_graph, RMAT_SPECS  # noqa: E402
+    from sparsec.bench.suites import RMAT_SPECS, rmat_graph
 
     return rmat_graph(os.path.join(HERE, "data", "cache"), RMAT_SPECS[-1])
 

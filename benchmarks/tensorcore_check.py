@@ -23,8 +23,7 @@ import time
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 

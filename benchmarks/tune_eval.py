@@ -28,14 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 
 def graphs(max_rmat="4M"):
@@ -219,7 +217,6 @@ def report(args):
     from sparsec.tune import records as R
     from sparsec.tune.cli import format_table, geomean
 
-    sys.path.insert(0, str(ROOT / "benchmarks" / "data"))
     from structured import MATRICES as TRAINING_ONLY  # tuned as training data, not suite cases
 
     recs = [r for r in R.load(args.log) if r.op == "spmm" and r.dtype == "float32" and r.matrix not in TRAINING_ONLY]

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 from sparsec.tune.model import CostModel, spearman  # noqa: E402
 from sparsec.tune.search import Search  # noqa: E402

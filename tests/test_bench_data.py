@@ -453,4 +453,3 @@ def test_benchmark_preamble_points_the_scripts_at_their_cache(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert str(DATA / "cache") in res.stdout.replace("\n", "")
-    del code

@@ -85,13 +85,23 @@ def test_matrix_file(capsys, tmp_path):
 
 
 def test_cuda_compiles_without_gpu(capsys):
-    r = run_json(capsys, "spmm", "--format", "ell", "--random", SMALL, "--feat", "16", "--target", "cuda:sm_90a",
-                 "--check")
+    """A CUDA --check that cannot run (no GPU) says so and exits 3; JSON says checked: false."""
+    code = cli.main(["run", "spmm", "--format", "ell", "--random", SMALL, "--feat", "16", "--target", "cuda:sm_90a",
+                     "--check", "--json"])
+    out, err = capsys.readouterr()
+    r = json.loads(out)
     assert r["target"] == "cuda:sm_90a" and r["compile_s"] > 0 and r["knobs"]
     if not r["ran"]:  # no GPU here
-        assert r["run_ms"] is None and r["max_rel_err"] is None
+        assert code == 3 and "check not run" in err and "no GPU" in err
+        assert r["run_ms"] is None and r["max_rel_err"] is None and r["checked"] is False
+        assert cli.main(["run", "spmm", "--format", "ell", "--random", SMALL, "--feat", "16",
+                         "--target", "cuda:sm_90a", "--check"]) == 3
+        assert "NOT RUN" in capsys.readouterr().out
+        # without --check there is nothing to report: compiling only is a success
+        assert cli.main(["run", "spmm", "--format", "ell", "--random", SMALL, "--feat", "16",
+                         "--target", "cuda:sm_90a"]) == 0
     else:
-        assert r["max_rel_err"] < 1e-5
+        assert code == 0 and r["max_rel_err"] < 1e-5 and r["checked"] is True
 
 
 def test_build_emit_source_and_output(capsys, tmp_path):
