@@ -1,7 +1,7 @@
 """Exported modules (issue 7): ahead-of-time CUDA, the metadata trailer, and loading with
 TVM's runtime alone. CPU kernels run end to end here, also in a runtime-only subprocess;
 CUDA modules are built with nvcc and checked up to the point where a GPU is needed (the
-GPU run is benchmarks/aot_check.py)."""
+GPU run is benchmarks/check_aot.py)."""
 from __future__ import annotations
 
 import json

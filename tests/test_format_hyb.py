@@ -352,7 +352,7 @@ def test_heuristic_choices():
 
 def test_million_entry_conversion():
     """A 1,000,000-entry power-law matrix converts exactly (the < 2 s requirement is measured by
-    benchmarks/hyb_conversion.py, not asserted here: timings in a shared CI are noise)."""
+    benchmarks/time_hyb_conversion.py, not asserted here: timings in a shared CI are noise)."""
     rng = np.random.default_rng(10)
     m = n = 100_000
     lengths = np.minimum(rng.zipf(1.8, size=m), 3000)

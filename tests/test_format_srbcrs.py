@@ -387,7 +387,7 @@ def test_check_catches_corruption():
 
 def test_large_conversion_round_trips():
     """A 20000 x 3000 matrix (300k entries) converts exactly for every precision (its speed is
-    measured by benchmarks/hyb_conversion.py-style scripts, not asserted in a test)."""
+    measured by benchmarks/time_hyb_conversion.py-style scripts, not asserted in a test)."""
     a = sp.random(20000, 3000, density=0.005, format="csr", random_state=np.random.default_rng(0),
                   data_rvs=lambda n: np.random.default_rng(1).integers(-7, 8, n).astype(np.float64))
     a.data[a.data == 0] = 1

@@ -1,7 +1,7 @@
 """Tensor Core linear layers (sparsec.tc_linear): pattern parsing, packing of pruned weights
 (vector-wise N:M padded to whole stages, 2:4 for mma.sp), clear errors for what the kernels
 cannot take, and the knobs picked per token count. (The kernels run on the GPU host:
-benchmarks/ffn_tc_check.py and examples/pruned_encoder.py.)"""
+benchmarks/time_ffn_tc.py and examples/pruned_encoder.py.)"""
 import numpy as np
 import pytest
 import torch

@@ -2,7 +2,7 @@
 gathers from (formats.nm_tc): packing gives the dense product through the gathered rows,
 the shared-memory swizzle is a conflict-free permutation, bad arguments are named, and the
 PTX nvcc emits holds cp.async, ldmatrix and the sparse / dense mma for sm_90a and sm_80.
-(The kernels themselves run on the GPU host: benchmarks/tc_check.py.)"""
+(The kernels themselves run on the GPU host: benchmarks/time_tc_pipeline.py.)"""
 import re
 
 import numpy as np

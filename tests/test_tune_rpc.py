@@ -1,6 +1,6 @@
 """Distributed measuring through TVM's RPC tracker (issue 7), on loopback: a tracker and
 two servers on this machine, the llvm target. The GPU run (one server per GPU) is
-benchmarks/rpc_check.py."""
+benchmarks/time_rpc.py."""
 from __future__ import annotations
 
 import json

@@ -4,7 +4,7 @@
 gathered dense ``mma`` (mode gather), C = A @ B with A the weight (out x in, fp16) and B the
 activations (in x N tokens, fp16), C fp16.
 
-    python benchmarks/tc_check.py [--mode sp24|gather|both] [--quick] [--out tc.json]
+    python benchmarks/time_tc_pipeline.py [--mode sp24|gather|both] [--quick] [--out tc.json]
         [--only SUBSTRING ...] [--tokens N ...] [--sets '[{knobs}, ...]'] [--no-odd]
 
 ``--only``/``--tokens``/``--sets`` narrow a run to some layers, widths and knob sets (for
@@ -27,7 +27,8 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
-from check_common import fmt  # noqa: E402
+from _helpers import fmt  # noqa: E402
+from sparsec.reference import max_rel_err  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
 
 TOKENS = (16, 128, 512, 1024, 2048, 4096, 8192)
@@ -51,12 +52,6 @@ def knob_sets(n: int, quick: bool):
 
 ODD = ((37, 70, 13), (1000, 515, 77), (16, 32, 8), (130, 200, 24),
        (1300, 260, 40))  # 11 row tiles of 128: the last group of the grouped order is short
-
-
-def rel_max(out, ref, scale) -> float:
-    """Largest |out - ref| over the largest |ref| (a NaN left in ``out`` counts as infinite)."""
-    got = out.float().cpu().numpy()
-    return float(np.nan_to_num(np.abs(got - ref), nan=np.inf).max()) / scale
 
 
 def weights(mode: str):
@@ -110,7 +105,6 @@ def run_mode(mode, quick, timer, rng, only=(), tokens=(), sets=None, odd=True):
         m, k = a.shape
         b = rng.standard_normal((k, n)).astype(np.float16)
         ref = a.astype(np.float64) @ b.astype(np.float64)
-        scale = float(np.abs(ref).max()) or 1.0
         (da, de), kc = operands(mode, a)
         db = torch.from_numpy(b).cuda()
         ta = torch.from_numpy(a).cuda()
@@ -125,7 +119,7 @@ def run_mode(mode, quick, timer, rng, only=(), tokens=(), sets=None, odd=True):
                 f(da, de, db, c)
                 torch.cuda.synchronize()
                 entry["build_s"] = round(time.perf_counter() - t0, 2)
-                err = rel_max(c, ref, scale)
+                err = max_rel_err(c, ref)
                 entry.update(max_rel_err=err, ok=err <= 1e-2)
                 if entry["ok"]:
                     entry["ms"] = timer.measure([lambda f=f, c=c: f(da, de, db, c)]).median_ms
@@ -134,12 +128,12 @@ def run_mode(mode, quick, timer, rng, only=(), tokens=(), sets=None, odd=True):
             except Exception as e:  # noqa: BLE001 - a failing knob set is reported, the rest go on
                 entry.update(ok=False, error=f"{type(e).__name__}: {e}"[:300])
             row["kernels"].append(entry)
-        row["cublas_err"] = rel_max(torch.mm(ta, db), ref, scale)
+        row["cublas_err"] = max_rel_err(torch.mm(ta, db), ref)
         row["cublas_ms"] = timer.measure([lambda: torch.mm(ta, db)]).median_ms
         if mode == "sp24":
             try:
                 comp = torch._cslt_compress(ta)
-                row["cusparselt_err"] = rel_max(torch._cslt_sparse_mm(comp, db), ref, scale)
+                row["cusparselt_err"] = max_rel_err(torch._cslt_sparse_mm(comp, db), ref)
                 if row["cusparselt_err"] <= 1e-2:  # a peer is timed only when its answer is right too
                     row["cusparselt_ms"] = timer.measure([lambda: torch._cslt_sparse_mm(comp, db)]).median_ms
             except Exception as e:  # noqa: BLE001 - cuSPARSELt refuses some shapes (not multiples of 16)

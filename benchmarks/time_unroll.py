@@ -2,7 +2,7 @@
 """Explicit unroll (TVM copies loop bodies) vs pragma unroll (nvcc unrolls): kernel time and
 build time of the same candidates, side by side on one GPU.
 
-    python benchmarks/unroll_check.py --log tuning_logs/spmm_cuda_sm_90a.jsonl [--matrix ...] [--feat 32 128 512]
+    python benchmarks/time_unroll.py --log tuning_logs/spmm_cuda_sm_90a.jsonl [--matrix ...] [--feat 32 128 512]
         [--out unroll.json]
 
 For each case (graph x F) the candidates are the log's 3 fastest, the default, and the 2
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
-from check_common import fmt  # noqa: E402
+from _helpers import fmt  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
 
 MATRICES = ("email-Enron", "as-22july06", "pgp-strong-2009", "mdual", "cond-mat-2005", "astro-ph", "copter2")

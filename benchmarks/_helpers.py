@@ -1,4 +1,4 @@
-"""What the GPU sweep scripts (spmm_check.py, sddmm_check.py) share: loading a cached graph
+"""What the GPU sweep scripts (time_spmm.py, time_sddmm.py) share: loading a cached graph
 with fresh values, the norm-wise error, sparsec.bench's timer, and the wrong-result report."""
 from __future__ import annotations
 
@@ -23,17 +23,6 @@ def load_graph(name: str, small: bool = False):
     m.sum_duplicates()
     m.data = np.random.default_rng(4).standard_normal(m.nnz).astype(np.float32)
     return m
-
-
-def rel(a, b) -> float:
-    """||a - b|| / ||b|| in float64; a non-finite ``a`` (an unwritten poisoned element) is inf."""
-    import torch
-
-    a, b = a.double(), b.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    n = b.norm().item()
-    return (a - b).norm().item() / n if n > 0 else (a - b).norm().item()
 
 
 def make_timed(device: str):

@@ -4,8 +4,8 @@
 Export on the CPU machine (nvcc compiles the SASS there), then run this on the GPU host
 with only the runtime bundle staged and nvcc off PATH:
 
-    python benchmarks/aot_check.py --export build/aot              # CPU machine
-    TVM_USE_RUNTIME_LIB=1 PATH=/usr/bin:/bin python3 benchmarks/aot_check.py build/aot   # GPU host
+    python benchmarks/check_aot.py --export build/aot              # CPU machine
+    TVM_USE_RUNTIME_LIB=1 PATH=/usr/bin:/bin python3 benchmarks/check_aot.py build/aot   # GPU host
 
 Each module is checked against the scipy float64 product on fresh random matrices (empty
 rows, one row holding most of the entries, sizes that are no multiple of any tile),

@@ -3,7 +3,7 @@
 Cores (``sparsec.tc_linear.SparseFFN``) against the same FFN dense in PyTorch fp16, over
 token counts (GPU host, needs the TVM compiler: stage1).
 
-    python3 benchmarks/ffn_tc_check.py [--tokens 128 1024 4096 8192] [--patterns nm_tc:1,10 mma_sp:2,4]
+    python3 benchmarks/time_ffn_tc.py [--tokens 128 1024 4096 8192] [--patterns nm_tc:1,10 mma_sp:2,4]
 
 Weights: normal(0, 0.02) (BERT's initialiser), pruned by magnitude to each pattern
 (``nm_tc:1,10``: vector-wise 1 of every 10 columns per 128-row vector, 90 % sparse;
@@ -104,7 +104,7 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name()
-    result = {"device": gpu, "command": "python3 benchmarks/ffn_tc_check.py " + " ".join(sys.argv[1:]),
+    result = {"device": gpu, "command": "python3 benchmarks/time_ffn_tc.py " + " ".join(sys.argv[1:]),
               "rows": rows}
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "ffn_tc.json").write_text(json.dumps(result, separators=(",", ":")))

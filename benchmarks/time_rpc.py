@@ -4,7 +4,7 @@
 (``sparsec.tune.rpc``), once with every GPU and once with one, to show the measurements
 spread over the GPUs.
 
-    python benchmarks/rpc_check.py [--gpus 2] [--matrix cond-mat-2005] [--out rpc.json]
+    python benchmarks/time_rpc.py [--gpus 2] [--matrix cond-mat-2005] [--out rpc.json]
 
 Needs the TVM compiler (builds) and tornado/cloudpickle for the tracker. Prints a table last.
 """

@@ -2,7 +2,7 @@
 
 Run on the GPU host (DEVELOPERS.md / ../shared/gpu/README.md say how to stage TVM):
 
-    bash .gpu/stage2/install.sh && source .gpu/stage2/env.sh && python3 benchmarks/gpu_check.py
+    bash .gpu/stage2/install.sh && source .gpu/stage2/env.sh && python3 benchmarks/check_gpu.py
 
 For each matrix (odd shapes with empty rows and one huge row, the embedded power grid,
 uniform and power-law matrices of 100,000 rows) and each format, the kernel runs on
@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
 from sparsec.formats import convert, nm, srbcrs  # noqa: E402
+from sparsec.reference import max_rel_err  # noqa: E402
 from tests.dsl_ops import TEST_OPS  # noqa: E402
 
 DENSE_LIMIT = 20_000  # rows x cols up to this squared: compare with torch's dense matmul
@@ -129,29 +130,14 @@ def torch_sddmm_ref(inst, X, Y):
     return torch.where(ok, out * vals, torch.zeros_like(out)), "gathered X @ Y.T"
 
 
-def rel_err(out, ref):
-    """||out - ref|| / ||ref|| (the pass criterion) and max|out - ref| / max|ref| (stricter:
-    one element's rounding decides it); NaN anywhere (an unwritten, poisoned slot) is infinite."""
-    out, ref = out.double(), ref.double()
-    if torch.isnan(out).any():
-        return float("inf"), float("inf")
-    if not ref.numel():
-        return 0.0, 0.0
-    d = out - ref
-    norm = (d.norm() / ref.norm()).item() if ref.norm() > 0 else d.norm().item()
-    scale = ref.abs().max().item()
-    worst = d.abs().max().item() / scale if scale > 0 else d.abs().max().item()
-    return norm, worst
-
-
 def errs(out, ref, kind):
     if kind.startswith("int"):  # integer kernels must be exact
         if out.dtype.is_floating_point and torch.isnan(out).any():
             return {"err": float("inf"), "max_elem_err": float("inf")}
         d = (out.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
         return {"err": d, "max_elem_err": d}
-    norm, worst = rel_err(out, ref)
-    return {"err": norm, "max_elem_err": worst}
+    # ||out - ref|| / ||ref|| (the pass criterion) and max|out - ref| / max|ref| (stricter)
+    return {"err": max_rel_err(out, ref, norm="fro"), "max_elem_err": max_rel_err(out, ref)}
 
 
 def dtype_kind(inst) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time the conversion to hyb (automatic col_parts and buckets) and report its padding.
 
-    python benchmarks/hyb_conversion.py [--json FILE] [--repeat 5] [--cache DIR]
+    python benchmarks/time_hyb_conversion.py [--json FILE] [--repeat 5] [--cache DIR]
 
 Matrices:
 

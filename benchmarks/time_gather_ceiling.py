@@ -11,7 +11,7 @@ floor for every kernel of that kind on that matrix, whatever its schedule. It al
 an empty kernel (the floor of one launch inside a CUDA graph) and reports the gathers'
 throughput, bytes gathered / time, next to the device-copy bandwidth.
 
-    python3 benchmarks/gather_ceiling.py [--matrix rmat-1M-30M] [--feat 32 128] [--out DIR]
+    python3 benchmarks/time_gather_ceiling.py [--matrix rmat-1M-30M] [--feat 32 128] [--out DIR]
 
 Needs CuPy and torch (events, graphs); prints a table and writes gather_ceiling_<gpu>.json.
 """

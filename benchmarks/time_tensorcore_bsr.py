@@ -2,7 +2,7 @@
 
 Run on the GPU host:
 
-    bash .gpu/stage2/install.sh >/dev/null && source .gpu/stage2/env.sh && python3 benchmarks/tensorcore_check.py
+    bash .gpu/stage2/install.sh >/dev/null && source .gpu/stage2/env.sh && python3 benchmarks/time_tensorcore_bsr.py
 
 C = A @ B with A (M x K) block-sparse (random block masks at 70/90/95 % block sparsity,
 square blocks of 16/32/64, fp16 values) and B dense K x N (fp16); sparsec's output is fp32

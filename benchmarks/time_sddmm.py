@@ -1,7 +1,7 @@
 """SDDMM: sparsec (one-kernel lane-group template, schedules/cuda_sddmm.py) vs cuSPARSE, checked first.
 
-    bash .gpu/stage2/install.sh >/dev/null && source .gpu/stage2/env.sh && python3 benchmarks/sddmm_check.py
-    python3 benchmarks/sddmm_check.py --target llvm --small      # CPU dry run (torch CPU sampled_addmm)
+    bash .gpu/stage2/install.sh >/dev/null && source .gpu/stage2/env.sh && python3 benchmarks/time_sddmm.py
+    python3 benchmarks/time_sddmm.py --target llvm --small      # CPU dry run (torch CPU sampled_addmm)
 
 Carry ``benchmarks/data/cache``; graphs that are not there are skipped. For each graph and
 feature width F, sparsec's SDDMM ``C = A .* (X @ Y.T)`` (X rows x F, Y cols x F) runs at a
@@ -26,7 +26,8 @@ import torch
 
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
-from check_common import load_graph, make_timed, rel, report_wrong  # noqa: E402
+from _helpers import load_graph, make_timed, report_wrong  # noqa: E402
+from sparsec.reference import max_rel_err  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
 from sparsec.schedules.cuda_sddmm import default_lanes, default_vec  # noqa: E402
@@ -109,7 +110,7 @@ def main():
                         cache[key] = sparsec.compile("sddmm", inst, feat=F, target=args.target, knobs=knobs)
                     t_compile += time.perf_counter() - t0
                     k = cache[key]
-                    err = rel(torch.as_tensor(k(inst, Xs[0], Ys[0], poison=True)), ref)
+                    err = max_rel_err(torch.as_tensor(k(inst, Xs[0], Ys[0], poison=True)), ref, norm="fro")
                     ok = err < 1e-5
                     fn = k.executable[k.op_name]
                     prepared = [k.prepare(inst, X, Y)[0] for X, Y in zip(Xs, Ys)]

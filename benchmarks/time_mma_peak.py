@@ -8,7 +8,7 @@ its memory pipeline does, so they bound what each of issue 6's ratios can reach 
 itself runs on Hopper's ``wgmma``). Each warp issues ``CHAINS`` independent MMAs per
 iteration on register operands (no memory traffic), enough warps fill every SM.
 
-    python3 benchmarks/mma_peak.py [--out peaks.json]
+    python3 benchmarks/time_mma_peak.py [--out peaks.json]
 
 Prints a table last: instruction, dense-equivalent TFLOP/s (a 2:4 MMA counts the math it
 skips), and its ratio to cuBLAS fp16.

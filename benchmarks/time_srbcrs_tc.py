@@ -3,7 +3,7 @@
 over the ``lowprec`` suite (benchmarks/data/lowprec.py: MiniLM layers when cached, BERT-base
 shapes; V = 2/4/8 at 70/80/90/95 % sparsity) at dense dimensions N.
 
-    python benchmarks/srbcrs_tc_check.py [--quick] [--out srbcrs_tc.json] [--only SUBSTRING ...]
+    python benchmarks/time_srbcrs_tc.py [--quick] [--out srbcrs_tc.json] [--only SUBSTRING ...]
         [--dims N ...] [--sparsities S ...] [--sets '[{knobs}, ...]']
 
 Kernels do not depend on the sparsity pattern, so one build per (shape, V, N, knobs) serves
@@ -26,7 +26,7 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
-from check_common import fmt  # noqa: E402
+from _helpers import fmt  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
 
 DIMS = (16, 128, 512, 1024, 2048, 4096, 8192)

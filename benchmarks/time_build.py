@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a tuning candidate's build time goes: TVM lowering and codegen, export, nvcc.
 
-    python benchmarks/build_time.py [--matrix email-Enron] [--unroll explicit|pragma|both] [--out FILE.json]
+    python benchmarks/time_build.py [--matrix email-Enron] [--unroll explicit|pragma|both] [--out FILE.json]
 
 Builds a fixed list of SpMM candidates (the slowest builds of a 64-trial H200 run: hyb with
 many buckets and interleaved row groups; plus a plain CSR) one at a time, in this process,
@@ -10,7 +10,7 @@ export ahead of time), and prints the seconds of each stage (the export's nvcc s
 timed on its own with ``sparsec.export.nvcc_fatbin``). ``--unroll``
 picks how unrolled loops are built (``SPARSEC_CUDA_UNROLL``): ``pragma``, the default,
 leaves them to nvcc (``#pragma unroll``); ``explicit`` has TVM copy their bodies.
-benchmarks/unroll_check.py times the kernels of both on a GPU. CPU only; no GPU needed.
+benchmarks/time_unroll.py times the kernels of both on a GPU. CPU only; no GPU needed.
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 """How far cuSPARSELt's 2:4 SpMM gets over dense cuBLAS on the ``nm`` suite's 2:4 layers
 when it is given its best configuration, not just its default.
 
-    python benchmarks/cslt_peer.py [--out cslt_peer.json] [--only SUBSTRING ...] [--tokens N ...]
+    python benchmarks/time_cslt_peer.py [--out cslt_peer.json] [--only SUBSTRING ...] [--tokens N ...]
 
-``tc_check.py`` times ``torch._cslt_sparse_mm`` with its default algorithm; this script
+``time_tc_pipeline.py`` times ``torch._cslt_sparse_mm`` with its default algorithm; this script
 also asks cuSPARSELt's own search (``torch._cslt_sparse_mm_search``) and then tries every
 algorithm id it accepts, and split-K 2/4 (both modes) on the three fastest, keeping the
 fastest correct one. That is the
@@ -22,15 +22,16 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
-from check_common import fmt  # noqa: E402
+from _helpers import fmt  # noqa: E402
 from sparsec.bench.report import geomean  # noqa: E402
-from tc_check import TOKENS, rel_max, weights  # noqa: E402
+from time_tc_pipeline import TOKENS, weights  # noqa: E402
+from sparsec.reference import max_rel_err  # noqa: E402
 
 ALG_IDS = range(64)  # cuSPARSELt refuses ids past the plan's count (its search answers up to ~45)
 SPLITS = ((2, 0), (4, 0), (2, 1), (4, 1))  # (split_k, split_k_mode), tried on the three fastest ids
 
 
-def best_config(comp, db, ref, scale, timer):
+def best_config(comp, db, ref, timer):
     """``(ms, alg_id, split_k, split_k_mode)`` of the fastest correct ``_cslt_sparse_mm``
     call, cuSPARSELt's own search answer, and every configuration tried."""
     import torch
@@ -43,7 +44,7 @@ def best_config(comp, db, ref, scale, timer):
 
     def attempt(alg, sk=1, mode=-1):
         try:
-            err = rel_max(torch._cslt_sparse_mm(comp, db, alg_id=alg, split_k=sk, split_k_mode=mode), ref, scale)
+            err = max_rel_err(torch._cslt_sparse_mm(comp, db, alg_id=alg, split_k=sk, split_k_mode=mode), ref)
         except Exception:  # noqa: BLE001 - an id or split this plan does not offer
             return
         entry = {"alg_id": alg, "split_k": sk, "split_k_mode": mode, "error": err}
@@ -85,12 +86,11 @@ def main():
         for n in args.tokens:
             b = rng.standard_normal((k, n)).astype(np.float16)
             ref = a.astype(np.float64) @ b.astype(np.float64)
-            scale = float(np.abs(ref).max()) or 1.0
             db = torch.from_numpy(b).cuda()
             row = {"case": name, "M": m, "K": k, "N": n}
             row["cublas_ms"] = timer.measure([lambda: torch.mm(ta, db)]).median_ms
             row["default_ms"] = timer.measure([lambda: torch._cslt_sparse_mm(comp, db)]).median_ms
-            best, row["searched_alg_id"], row["tried"] = best_config(comp, db, ref, scale, timer)
+            best, row["searched_alg_id"], row["tried"] = best_config(comp, db, ref, timer)
             if best:
                 row["best_ms"], row["best_alg_id"], row["best_split_k"], row["best_split_k_mode"] = best
             rows.append(row)
