@@ -36,11 +36,11 @@ def time_builds(matrix_name: str, unroll: str):
     import scipy.sparse as sp
 
     import sparsec
-    from sparsec.bench.cases import load_suites_module
+    from sparsec.bench.suites import default_cache_dir
     from sparsec.export import nvcc_fatbin
     from sparsec.tune import runner as RN
 
-    cache = load_suites_module().DEFAULT_CACHE
+    cache = default_cache_dir()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         mpath = str(Path(tmp) / "m.npz")

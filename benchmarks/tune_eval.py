@@ -37,9 +37,10 @@ import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchm
 
 
 def graphs(max_rmat="4M"):
-    from sparsec.bench.cases import graph_matrices, load_suites_module, parse_count
+    from sparsec.bench.cases import graph_matrices, parse_count
+    from sparsec.bench.suites import default_cache_dir
 
-    return dict(graph_matrices(load_suites_module().DEFAULT_CACHE, max_rmat=parse_count(max_rmat)))
+    return dict(graph_matrices(default_cache_dir(), max_rmat=parse_count(max_rmat)))
 
 
 def exhaustive(args):
@@ -163,7 +164,7 @@ def zero_shot(args):
 
 def log_rows(recs, mats=None):
     """Per (matrix, feat) in the log: trials, default and best (times and candidates) and the
-    best per format family, in the shape ``sparsec.tune.cli.format_table`` prints; with
+    best per format family, in the shape ``sparsec.cli.tune.format_table`` prints; with
     ``mats`` also the bench Cases for re-timing."""
     from sparsec.tune.space import describe
     from sparsec.tune.tuner import Case
@@ -196,7 +197,8 @@ def log_rows(recs, mats=None):
 
 def confirm(args):
     from sparsec.tune import records as R
-    from sparsec.tune.cli import attach_peer_times, format_table, geomean
+    from sparsec.bench.report import geomean
+    from sparsec.cli.tune import attach_peer_times, format_table
 
     recs = [r for r in R.load(args.log) if r.op == "spmm" and r.status == "ok"]
     cases, rows = log_rows(recs, graphs())
@@ -215,7 +217,8 @@ def report(args):
     measurement. Suite cases the log lacks count at 1.0x in the lower bound (a tuned case is
     never slower than its default: the search measures the default first)."""
     from sparsec.tune import records as R
-    from sparsec.tune.cli import format_table, geomean
+    from sparsec.bench.report import geomean
+    from sparsec.cli.tune import format_table
 
     from structured import MATRICES as TRAINING_ONLY  # tuned as training data, not suite cases
 
