@@ -72,9 +72,9 @@ def main(argv=None) -> int:
     out, dev = [], torch.device("cuda")
     for name in args.matrix:
         if name in specs:
-            m = suites.rmat_graph(suites.DEFAULT_CACHE, specs[name])
+            m = suites.rmat_graph(suites.default_cache_dir(), specs[name])
         else:
-            real = real or dict(suites.real_graphs(suites.DEFAULT_CACHE))
+            real = real or dict(suites.real_graphs(suites.default_cache_dir()))
             m = real[name]
         m = m.tocsr().astype(np.float32)
         a64 = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),

@@ -73,8 +73,8 @@ def main(argv=None) -> int:
     specs = {s.name: s for s in suites.RMAT_SPECS}
     rows = []
     for name in args.matrix:
-        mat = suites.rmat_graph(suites.DEFAULT_CACHE, specs[name]) if name in specs else \
-            dict(suites.real_graphs(suites.DEFAULT_CACHE))[name]
+        mat = suites.rmat_graph(suites.default_cache_dir(), specs[name]) if name in specs else \
+            dict(suites.real_graphs(suites.default_cache_dir()))[name]
         col = cupy.asarray(mat.indices.astype(np.int32))
         sink = cupy.zeros(1, dtype=cupy.float32)
         for feat in args.feat:
