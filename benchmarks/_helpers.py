@@ -1,5 +1,6 @@
 """What the GPU sweep scripts (time_spmm.py, time_sddmm.py) share: loading a cached graph
-with fresh values, the norm-wise error, sparsec.bench's timer, and the wrong-result report."""
+with fresh values, sparsec.bench's timer, and the wrong-result report.
+Imported by scripts after ``_preamble``."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,9 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CACHE = os.path.join(HERE, "data", "cache")
+from sparsec.bench.suites import default_cache_dir
+
+CACHE = str(default_cache_dir())  # $SPARSEC_DATA_DIR: benchmarks/data/cache unless set
 
 
 def load_graph(name: str, small: bool = False):

@@ -23,10 +23,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 import sparsec  # noqa: E402
 from sparsec.formats import convert  # noqa: E402
+from sparsec.bench.suites import default_cache_dir  # noqa: E402
 from sparsec.reference import max_rel_err  # noqa: E402
 
 GRAPHS = ("email-Enron", "pgp-strong-2009", "as-22july06", "cond-mat-2005", "astro-ph", "mdual")
@@ -58,7 +58,7 @@ def rmat(scale, nnz, seed=2024, a=0.57, b=0.19, c=0.19):
 def matrices():
     out = {}
     for name in GRAPHS:
-        path = os.path.join(HERE, "data", "cache", f"{name}.npz")
+        path = os.path.join(default_cache_dir(), f"{name}.npz")
         if os.path.exists(path):
             m = sp.load_npz(path).tocsr().astype(np.float32)
             m.data = np.random.default_rng(1).standard_normal(m.nnz).astype(np.float32)

@@ -30,9 +30,9 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
+from sparsec.bench.suites import default_cache_dir  # noqa: E402
 from sparsec.formats import hyb  # noqa: E402
 
 RMAT = dict(scale=16, nnz=1_000_000, a=0.57, b=0.19, c=0.19, seed=2024)
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows to this file")
     ap.add_argument("--repeat", type=int, default=5, help="runs per matrix; the median is reported (default 5)")
-    ap.add_argument("--cache", default=os.path.join(HERE, "data", "cache"), help="folder of real graphs (*.npz)")
+    ap.add_argument("--cache", default=str(default_cache_dir()), help="folder of real graphs (*.npz)")
     args = ap.parse_args(argv)
 
     rows = []

@@ -15,8 +15,9 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
+
+from sparsec.bench.suites import default_cache_dir  # noqa: E402
 
 
 def candidates(n: int):
@@ -42,7 +43,7 @@ def main():
     from sparsec.datasets import default_matrix, load_npz
     from sparsec.tune.rpc import LocalCluster, RPCRunner
 
-    path = ROOT / "benchmarks" / "data" / "cache" / f"{args.matrix}.npz"
+    path = default_cache_dir() / f"{args.matrix}.npz"
     m = load_npz(path) if path.exists() else default_matrix()
     cands = candidates(args.candidates)
     runs = []
