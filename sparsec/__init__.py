@@ -14,7 +14,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and _os.path.isfile
         _os.path.join(_root, "formats", "__init__.py")):
     __path__.append(_root)
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402,F401
 
 from . import formats  # noqa: E402
 from .kernel import Kernel  # noqa: E402
@@ -26,7 +26,7 @@ choose_cuda_compiler()  # before any CUDA module is loaded: NVRTC only where cud
 # The compiler side (DSL, lowering, schedules) imports TVM's compiler, which a runtime-only
 # TVM (TVM_USE_RUNTIME_LIB=1, where exported modules are loaded) does not have: import it on
 # first use, so that ``import sparsec; sparsec.load(path)`` works there.
-_LAZY = {"compile": ("build", "compile"), "dsl": ("dsl", None), "inspect": ("inspect", None),
+_LAZY = {"compile": ("api", "compile"), "dsl": ("dsl", None), "inspect": ("inspect", None),
          "ops": ("ops", None)}
 
 
