@@ -10,7 +10,7 @@ backward, SGD) timed side by side.
 Graphs come from ``benchmarks/data/cache`` (``benchmarks/data/fetch.py`` and
 ``suites.py`` put them there); without them the embedded power-grid matrix is used.
 On a machine without a GPU it runs on the CPU (correctness only: the timings are not
-meaningful there). Timing: ``sparsec.bench.timing.Timer``, median after warm-up, by
+meaningful there). Timing: ``sparsec.measure.Timer``, median after warm-up, by
 default of CUDA-graph replays (device time; ``--timing eager`` adds every call's host cost).
 """
 from __future__ import annotations
@@ -97,7 +97,8 @@ def main():
 
     import sparsec.torch as st
     from sparsec.bench.report import finish
-    from sparsec.bench.timing import Timer
+    from sparsec.measure import Timer
+    from sparsec.reference import max_rel_err
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 everywhere, as the sparse kernels compute
@@ -129,10 +130,8 @@ def main():
                 torch.nn.functional.cross_entropy(out, labels).backward()
                 outs[k] = out.detach().double()
                 grads[k] = [p.grad.detach().double() for p in model.parameters()]
-            scale = outs["torch.sparse"].abs().max().item()
-            row["forward_rel_err"] = (outs["sparsec"] - outs["torch.sparse"]).abs().max().item() / scale
-            row["grad_rel_err"] = max((g1 - g2).abs().max().item() / max(g2.abs().max().item(), 1e-30)
-                                      for g1, g2 in zip(grads["sparsec"], grads["torch.sparse"]))
+            row["forward_rel_err"] = max_rel_err(outs["sparsec"], outs["torch.sparse"])
+            row["grad_rel_err"] = max(max_rel_err(g1, g2) for g1, g2 in zip(grads["sparsec"], grads["torch.sparse"]))
             row["correct"] = row["forward_rel_err"] < 1e-4 and row["grad_rel_err"] < 1e-3
             for k, (agg, am) in contestants.items():
                 model = models[k]

@@ -13,7 +13,7 @@ fp16). The FFN alone is timed too.
 MiniLM's weights come from ``benchmarks/data/cache/minilm`` (``benchmarks/data/fetch.py
 --minilm``); BERT-base-sized layers (768 hidden, 3072 FFN, 12 heads) are drawn from
 normal(0, 0.02), BERT's initialiser. Without a GPU it runs small on the CPU
-(correctness only). Timing: ``sparsec.bench.timing.Timer`` (CUDA-graph replay, median).
+(correctness only). Timing: ``sparsec.measure.Timer`` (CUDA-graph replay, median).
 """
 from __future__ import annotations
 
@@ -144,7 +144,8 @@ def main():
 
     import sparsec.torch as st
     from sparsec.bench.report import finish
-    from sparsec.bench.timing import Timer
+    from sparsec.measure import Timer
+    from sparsec.reference import max_rel_err
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -166,8 +167,8 @@ def main():
             dense16 = build(torch, st, w, heads, None, device, torch.float16)
             with torch.no_grad():
                 ref, got = dense32(x), sparse(x.half() if tensor_core else x).float()
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
-                dense16_err = ((dense16(x.half()).float() - ref).abs().max() / ref.abs().max()).item()
+                err = max_rel_err(got, ref)
+                dense16_err = max_rel_err(dense16(x.half()).float(), ref)
                 row = {"layer": lname, "variant": variant, "format": fmt, "tokens": batch * seq,
                        "density": float(np.mean([np.count_nonzero(v) / v.size for v in w.values()])),
                        "max_rel_err": err, "dense_fp16_max_rel_err": dense16_err,

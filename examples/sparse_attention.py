@@ -17,7 +17,7 @@ runs in float32 and in float16 (fp16 Q, K, V and mask values, float32 accumulati
 output), with the heads folded in two row orders (``sparsec.masks.fold_heads``):
 head-major (a block-diagonal mask, Q/K/V as (heads * L, d)) and interleaved (row
 i * heads + h, Q/K/V as a projection writes them, (L * heads, d)). On CUDA each is timed
-with ``sparsec.bench.timing.Timer`` (median of CUDA-graph replays after a warm-up;
+with ``sparsec.measure.Timer`` (median of CUDA-graph replays after a warm-up;
 ``--timing eager`` includes host costs). sparsec is timed as a prepared launch (arguments
 and the intermediates' memory set up once, as a model would hold them) and as a plain
 kernel call (allocating its output and intermediates each time). Results go to
@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 
 FULL = dict(length=[4096], window=256, global_tokens=16, heads=12, head_dim=64)
 SMALL = dict(length=[203], window=16, global_tokens=3, heads=2, head_dim=32)
-TOLERANCE = {"float32": 1e-5, "float16": 1e-2}  # max |out - ref| / max |ref| (fp16: inputs and outputs rounded)
 
 
 def reference(torch, mask, Q, K, V, heads, rows, chunk=1024):
@@ -75,12 +74,6 @@ def check_rows(n_rows, heads, length, global_tokens, count, seed=0):
              set(range(min(global_tokens, length))) | {global_tokens, length // 2, length - 1} if r < length]
     rest = np.random.default_rng(seed).choice(n_rows, size=max(0, count - len(fixed)), replace=False)
     return np.unique(np.concatenate([np.asarray(fixed, np.int64), rest]))
-
-
-def max_rel_err(torch, out, ref):
-    """max |out - ref| / max |ref| (NaN anywhere counts as infinite)."""
-    diff = (out.double() - ref).abs().max().item()
-    return diff / ref.abs().max().item() if math.isfinite(diff) else float("inf")
 
 
 def baselines(torch, Q, K, V, pattern, heads, scale):
@@ -161,6 +154,7 @@ def run_case(torch, sparsec, timer, kernels, device, length, args):
     SDPA fp32), then, on CUDA, timed. Returns the JSON record."""
     heads, d, w, g = args.heads, args.head_dim, args.window, args.global_tokens
     from sparsec import masks
+    from sparsec.reference import TOLERANCE, max_rel_err
 
     scale = 1.0 / math.sqrt(d)
     mask = masks.longformer(length, w, g, heads, value=scale)  # head-major: the reference's rows
@@ -186,11 +180,11 @@ def run_case(torch, sparsec, timer, kernels, device, length, args):
     for name, (fn, dtype) in theirs.items():
         with torch.no_grad():
             outs[name] = (fn().reshape(n, d), dtype)
-    rec["errors"] = {name: max_rel_err(torch, out[row_idx], refs[dtype]) for name, (out, dtype) in outs.items()}
+    rec["errors"] = {name: max_rel_err(out[row_idx], refs[dtype]) for name, (out, dtype) in outs.items()}
     rec["correct"] = {name: rec["errors"][name] < TOLERANCE[dtype] for name, (_, dtype) in outs.items()}
     if "sparsec fp32" in outs:  # the sparse operator against the PyTorch baseline directly
-        rec["sparsec_fp32_vs_torch_sdpa_fp32"] = max_rel_err(torch, outs["sparsec fp32"][0][row_idx],
-                                                             outs["torch SDPA fp32"][0][row_idx].double())
+        rec["sparsec_fp32_vs_torch_sdpa_fp32"] = max_rel_err(outs["sparsec fp32"][0][row_idx],
+                                                      outs["torch SDPA fp32"][0][row_idx])
     del outs
     if device == "cuda":
         timed = {name: c[2] for name, c in mine.items()}
@@ -259,7 +253,7 @@ def main():
     import torch
 
     import sparsec
-    from sparsec.bench.timing import Timer
+    from sparsec.measure import Timer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

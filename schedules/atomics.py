@@ -12,7 +12,7 @@ from tvm import s_tir, tirx
 from tvm.ir import TensorLoad
 from tvm_ffi import structural_equal
 
-from sparsec.lower.emit import ATOMIC_ATTR
+from sparsec.ir_attrs import ATOMIC_ATTR
 
 from .tir_rewrite import map_blocks, map_stores, stores, with_fields
 

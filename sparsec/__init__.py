@@ -23,7 +23,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "formats")) and _os.path.isfile
 
 # public name -> (submodule, attribute or None for the submodule itself)
 _LAZY = {
-    "compile": ("build", "compile"),  # becomes ("api", "compile") when sparsec/api.py lands (h1)
+    "compile": ("api", "compile"),  # resolves knobs="tuned" through sparsec.tune, then sparsec.build
     "load": ("runtime", "load"),
     "Kernel": ("kernel", "Kernel"),
     "formats": ("formats", None),

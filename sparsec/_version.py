@@ -1,2 +1,3 @@
-"""The package version, in a leaf module so that nothing inside sparsec imports the root."""
+"""sparsec's version, in a leaf module: the modules that record it (exported modules, tuning
+records, benchmark results) import it from here, never from the package root."""
 __version__ = "0.1.0"

@@ -47,9 +47,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     ``"bsr:4x4"``, a Format, or a converted matrix whose format and dtype are used).
     Compile-time extents such as ``feat=64`` go in ``params``. Without ``fmt`` the format is
     the one the operator's declared axis kinds describe (``Operator.default_format``).
-    ``knobs="tuned"`` (with a converted matrix) takes the schedule knobs of the best tuning
-    record for this matrix, format, width and target (``sparsec.tune.apply``), else the
-    template defaults."""
+    ``knobs`` is a dict of schedule knobs; ``knobs="tuned"`` is resolved from the tuning logs
+    by ``sparsec.compile`` (``sparsec.api``), above this compiler."""
     t0 = time.perf_counter()
     operator = library.get(op) if isinstance(op, str) else op
     if not isinstance(operator, Operator):
@@ -57,12 +56,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     if fmt is None:
         fmt = operator.default_format()
     if isinstance(knobs, str):
-        if knobs != "tuned" or not isinstance(fmt, (FormatInstance, CompositeInstance)):
-            raise ValueError(f"knobs should be a dict, or 'tuned' with a converted matrix, got {knobs!r}")
-        from .tune.lookup import tuned_schedule_knobs
-
-        knobs = tuned_schedule_knobs(operator.name, fmt, params.get("feat"), target,
-                                     dtype_spec(dtype or fmt.value_dtype).name) or None
+        raise ValueError(f"knobs should be a dict of schedule knobs, got {knobs!r}; knobs='tuned' is resolved from "
+                         "the tuning logs by sparsec.compile (sparsec.api.compile), not by sparsec.build.compile")
     if isinstance(fmt, (FormatInstance, CompositeInstance)):
         dtype = dtype or fmt.value_dtype
         fmt = fmt.format

@@ -20,7 +20,8 @@ import subprocess
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from .bench.report import jsonable
+from ._version import __version__
+from .jsonable import jsonable
 from .module_file import append_metadata
 
 ARCH_PATTERN = re.compile(r"sm_(\d{1,2})(\d)(a?)")  # major, minor, arch-specific: sm_80, sm_90a, sm_100a
@@ -146,8 +147,6 @@ def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> D
     Returns the metadata."""
     import tvm
     from tvm.runtime import _ffi_api
-
-    from . import __version__
 
     path = os.fspath(path)
     mod = kernel.executable.mod

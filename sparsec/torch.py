@@ -54,7 +54,7 @@ def _register(inst) -> str:
 def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
     """The compiled sparsec kernel for an op on a registered matrix, dtype, dense width and
     device (``llvm`` on the CPU, ``cuda`` on a GPU); tuned knobs where a record exists."""
-    from .build import compile as sparsec_compile
+    from .api import compile as sparsec_compile
 
     inst = _MATRICES[key]
     target = "llvm" if device_type == "cpu" else "cuda"

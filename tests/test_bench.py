@@ -18,10 +18,10 @@ torch = pytest.importorskip("torch")
 from sparsec import cli  # noqa: E402
 from sparsec.bench import report, roofline  # noqa: E402
 from sparsec.bench.cases import Case, MatrixCases, build_cases, normalize_spec, parse_count, parse_knobs  # noqa: E402
-from sparsec.bench.contestant import Prepared, nbytes_of  # noqa: E402
 from sparsec.bench.peers import PEERS, Peer, main_peer  # noqa: E402
-from sparsec.bench.run import Bench, max_rel_err  # noqa: E402
-from sparsec.bench.timing import Timer, rotation_count  # noqa: E402
+from sparsec.bench.run import Bench  # noqa: E402
+from sparsec.measure import Prepared, Timer, nbytes_of, rotation_count  # noqa: E402
+from sparsec.reference import max_rel_err  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse")  # torch's beta notes on sparse tensors
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -255,15 +255,9 @@ def test_markdown_and_plot(tmp_path, small_npz):
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_timer_times_uncapturable_calls_eagerly_on_the_cpu_too():
     """graph_safe=False is honoured (and a CPU timer never tries graphs)."""
-    from sparsec.bench.contestant import Prepared
-    from sparsec.bench.timing import Timer
-
     calls = [Prepared(lambda: sum(range(100)), (), graph_safe=False)]
     t = Timer("cpu", warmup_ms=0.0, budget_ms=1.0, min_reps=2, max_reps=3).measure(calls)
     assert t.method == "cpu" and t.median_ms >= 0.0
@@ -281,3 +275,7 @@ def test_finish_writes_the_rows_and_prints_a_right_aligned_table(tmp_path, capsy
     assert json.loads(out.read_text()) == {"device": "cpu", "rows": rows}
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["device: cpu, tokens 8", "| name | ms |", "|---|---:|", "| a | 1.50 |", "| b | 0.25 |"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -19,7 +19,7 @@ from sparsec import workload
 from sparsec.cli import main
 from sparsec.tune import records as R
 from sparsec.tune.apply import compile_tuned, tuned_config
-from sparsec.tune.lookup import model_path, tuned_schedule_knobs
+from sparsec.tune.apply import model_path, tuned_schedule_knobs
 from sparsec.tune.signature import matrix_signature
 from sparsec.tune.space import candidate_id
 

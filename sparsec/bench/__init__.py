@@ -2,9 +2,9 @@
 the same inputs, in one process, with one timer.
 
     cases.py       what to run: (op, matrix, format, dtype, feat, knobs) from a file or a suite
-    contestant.py  one callable with its arguments prepared outside timing (sparsec or a peer)
     peers.py       cuSPARSE CSR SpMM / SDDMM, torch BSR, dense cuBLAS, CuPy: setup + call
-    timing.py      CUDA-event medians after warm-up, over rotated copies of the inputs
+    timing.py      the timer, re-exported from sparsec.measure (shared with the tuner), which
+                   also holds the prepared calls it times (sparsec's or a peer's)
     roofline.py    compulsory bytes and flops per case; ceilings measured in the same run
     run.py         compile (cached), check against float64, time, record
     report.py      JSON records, a markdown summary, a speedup plot

@@ -19,7 +19,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
-from .contestant import Prepared
+from ..measure import Prepared
 
 DENSE_PEER_MAX_BYTES = 8 * 2**30
 

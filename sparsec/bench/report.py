@@ -11,6 +11,8 @@ import math
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from ..jsonable import jsonable
+
 
 def geomean(values: Iterable[float]) -> Optional[float]:
     """Geometric mean of the positive finite values; None when there are none."""
@@ -60,19 +62,6 @@ def write_json(result: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(jsonable(result), f, indent=1)
         f.write("\n")
-
-
-def jsonable(x):
-    """x with tuples as lists, numpy scalars as Python ones and non-finite floats as text: what json.dump takes."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):  # numpy scalars
-        return jsonable(x.item())
-    return x
 
 
 def table(columns: Sequence[tuple], rows: Sequence[dict]) -> str:

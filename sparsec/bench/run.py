@@ -13,7 +13,6 @@ depend on the matrix, so one compile serves every matrix of a suite.
 from __future__ import annotations
 
 import contextlib
-import math
 import platform
 import sys
 import time
@@ -24,13 +23,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import formats, workload
+from .._version import __version__
 from ..build import compile as sparsec_compile
+from ..measure import Prepared, Timer, device_l2_bytes, free_device_bytes, prepare_sparsec, rotation_count
+from ..reference import TOLERANCE, max_rel_err
 from ..targets import parse_target
 from . import roofline
 from .cases import MatrixCases
-from .contestant import Prepared, prepare_sparsec
 from .peers import DENSE_PEER_MAX_BYTES, PEER_LABELS, PEERS, Operands, Peer, main_peer
-from .timing import Timer, device_l2_bytes, free_device_bytes, rotation_count
 
 DENSE_PEER_MEMORY_SHARE = 0.3  # of the free device memory a densified operand may take
 REF_CHUNK_BYTES = 2**28  # the float64 SDDMM reference gathers this much per step
@@ -38,26 +38,7 @@ REF_CHUNK_BYTES = 2**28  # the float64 SDDMM reference gathers this much per ste
 
 def tolerance(dtype: str) -> float:
     """The accepted max |out - ref| / max |ref|: the one ``sparsec run --check`` uses."""
-    from ..reference import TOLERANCE
-
     return TOLERANCE[dtype]
-
-
-def max_rel_err(out, ref) -> float:
-    """max |out - ref| / max |ref| in float64 (torch, on the tensors' device); a NaN in
-    ``out`` (an unwritten poisoned element) is an infinite error."""
-    import torch
-
-    out = out.to(torch.float64)
-    if tuple(out.shape) != tuple(ref.shape):
-        raise ValueError(f"output shape {tuple(out.shape)} should match the reference {tuple(ref.shape)}")
-    if out.numel() == 0:
-        return 0.0
-    if torch.isnan(out).any().item():
-        return math.inf
-    diff = (out - ref).abs().max().item()
-    scale = ref.abs().max().item()
-    return diff / scale if scale > 0 else diff
 
 
 def require_device(target: str):
@@ -380,8 +361,6 @@ def versions() -> dict:
     import torch
     import tvm
     import tvm_ffi
-
-    from .. import __version__
 
     out = {"sparsec": __version__, "python": platform.python_version(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__,

@@ -12,10 +12,9 @@ from typing import List, Set
 
 from ..dsl import IDENTITY
 from ..expr import BinOp, Expr, Load, Var, render, walk
+from ..ir_attrs import ATOMIC_ATTR
 from .flatten import FlatProgram
 from .positions import LoopNest, iv
-
-ATOMIC_ATTR = "sparsec_atomic"  # block annotation: stores into global memory must be atomic adds
 
 
 class _Printer:

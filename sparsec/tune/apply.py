@@ -2,20 +2,80 @@
 
 ``tuned_config(op, matrix, feat, target)`` answers which format and knobs to compile with,
 and says where the answer came from ("record", "model" or "default"). ``compile_tuned``
-converts the matrix and compiles it. (``sparsec.compile(..., knobs="tuned")`` reads the
-logs through ``sparsec.tune.lookup``, which does not depend on the compiler.)
+converts the matrix and compiles it. ``tuned_schedule_knobs`` answers the narrower
+question of ``sparsec.compile(..., knobs="tuned")`` (``sparsec.api``): the schedule knobs
+of the best record for a matrix already converted to its format.
+
+Logs are looked for in ``$SPARSEC_TUNING_LOGS`` (a directory), ``./tuning_logs`` and the
+source checkout's ``tuning_logs/``, as ``<op>_<target>.jsonl`` with the model beside it
+(:func:`model_path`).
 """
 from __future__ import annotations
 
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import records as R
-from .lookup import log_candidates, model_path
 
 SOURCES = ("record", "model", "default")
+
+
+def model_path(log: str) -> str:
+    """Where the model trained on ``log`` is kept: beside it, ``<log stem>.model.json``."""
+    p = Path(log)
+    return str(p.with_name(p.stem + ".model.json"))
+
+
+def log_candidates(op: str, target: str) -> List[str]:
+    """Existing log files for (op, target), most specific first."""
+    name = os.path.basename(R.default_log_path(op, target))
+    dirs = [os.environ.get("SPARSEC_TUNING_LOGS"), os.path.join(os.getcwd(), R.LOG_DIR),
+            str(Path(__file__).resolve().parents[2] / R.LOG_DIR)]
+    seen, out = set(), []
+    for d in dirs:
+        if d:
+            p = os.path.abspath(os.path.join(d, name))
+            if p not in seen and os.path.isfile(p):
+                seen.add(p)
+                out.append(p)
+    return out
+
+
+def tuned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype: str) -> Dict[str, Any]:
+    """Schedule knobs of the best logged record for this instance's matrix whose format is
+    the instance's own; {} (the template defaults) when there is none."""
+    from ..formats import make_format
+    from .signature import matrix_signature
+
+    logs = log_candidates(op, target)
+    if not logs or feat is None:
+        return {}
+    sig = matrix_signature(inst.to_scipy())
+    mine = _spec_key(inst.format.spec)
+    for path in logs:
+        ok = [r for r in R.load(path) if r.status == "ok" and r.op == op and r.signature == sig
+              and r.target == target and r.feat == feat and r.dtype == dtype]
+        for r in sorted(ok, key=lambda r: r.time_ms):
+            try:
+                spec = make_format(_spec(r)).spec
+            except ValueError:
+                continue
+            if _spec_key(spec) == mine:
+                return dict(r.schedule_knobs)
+    return {}
+
+
+def _spec(r: R.Record) -> str:
+    fk = r.format_knobs
+    return r.format if not fk else r.format + ":" + ",".join(f"{k}={v}" for k, v in sorted(fk.items()))
+
+
+def _spec_key(spec: str) -> str:
+    """A composite's spec without its trailing part list (parts depend on the matrix)."""
+    return spec.split("[", 1)[0]
 
 
 def _record_candidate(r: R.Record) -> Dict[str, Any]:

@@ -38,8 +38,10 @@ class TuningLogWarning(UserWarning):
 def current_versions() -> Dict[str, str]:
     """The software a measurement was taken with, so stale records can be told apart."""
     import scipy
-    import sparsec
-    versions = {"sparsec": getattr(sparsec, "__version__", "unknown"),
+
+    from .._version import __version__
+
+    versions = {"sparsec": __version__,
                 "python": platform.python_version(),
                 "numpy": np.__version__, "scipy": scipy.__version__}
     try:

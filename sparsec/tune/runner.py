@@ -162,7 +162,7 @@ class Runner(Closing):
     with ``build_env`` added to their environment (e.g. ``SPARSEC_CUDA_UNROLL``);
     on the CPU ``number`` x ``repeat`` timed runs, of which the median of the repeats is
     reported. On a GPU with torch, candidates are timed like every benchmark contestant
-    (``sparsec.bench.timing.Timer``: CUDA-graph replay over rotated copies of the inputs,
+    (``sparsec.measure.Timer``: CUDA-graph replay over rotated copies of the inputs,
     so each call reads from memory rather than a warm L2). Pools start at the first
     ``measure`` and stop at ``close`` (or the end of a ``with`` block)."""
 
@@ -547,7 +547,7 @@ def _build_task(p) -> Dict[str, Any]:
     worker needs to rebuild the Kernel around the loaded library. CUDA modules are
     exported ahead of time (``Kernel.export``: nvcc compiles SASS here, in parallel, off
     the measuring GPU's critical path), so loading them compiles nothing."""
-    import sparsec
+    from ..build import compile as sparsec_compile
 
     cand = p["candidate"]
     t0 = time.perf_counter()
@@ -555,7 +555,7 @@ def _build_task(p) -> Dict[str, Any]:
         if cand["inject"] == "compile_error":
             raise RuntimeError("injected compile error (test hook)")
         inst = _convert(cand, p["matrix"])
-        k = sparsec.compile(cand["op"], inst, feat=cand["feat"], target=p["target"],
+        k = sparsec_compile(cand["op"], inst, feat=cand["feat"], target=p["target"],
                             knobs=cand["schedule_knobs"] or None)
         k.export(p["lib"])
     except Exception as e:  # noqa: BLE001 - any failure to build is this candidate's compile error
@@ -568,14 +568,14 @@ def _build_task(p) -> Dict[str, Any]:
 
 
 def _cuda_timer():
-    """sparsec.bench's timer when torch sees a GPU (graph replay over rotated copies), else None."""
+    """The benchmark's timer (``sparsec.measure``) when torch sees a GPU (graph replay over rotated copies), else None."""
     try:
         import torch
     except ImportError:
         return None
     if not torch.cuda.is_available():
         return None
-    from ..bench.timing import Timer
+    from ..measure import Timer
 
     return Timer("cuda", warmup_ms=10.0, budget_ms=60.0, min_reps=5, max_reps=30)
 
@@ -602,20 +602,6 @@ def _case_inputs(kernel, inst, cand, p, on_gpu: bool):
                 entry["ref_dev"] = torch.from_numpy(ref).cuda()
         _CASES[key] = entry
     return _CASES[key]
-
-
-def _gpu_rel_err(out, ref) -> float:
-    """reference.max_rel_err on the GPU (outputs of hundreds of MB compare in milliseconds)."""
-    import torch
-
-    o = out.to(torch.float64)
-    bad_nan = torch.isnan(o) & ~torch.isnan(ref)
-    if bool(bad_nan.any()):
-        return float("inf")
-    scale = float(torch.nan_to_num(ref.abs(), nan=0.0).max()) if ref.numel() else 0.0
-    diff = torch.nan_to_num((o - ref).abs(), nan=0.0)
-    worst = float(diff.max()) if diff.numel() else 0.0
-    return worst / scale if scale > 0 else worst
 
 
 def _measure_task(p) -> Dict[str, Any]:
@@ -648,7 +634,7 @@ def _measure_task(p) -> Dict[str, Any]:
                 import torch
 
                 ref = torch.from_numpy(REFERENCES[cand["op"]](inst, *case["dense"])).cuda()
-            err = _gpu_rel_err(out, ref)
+            err = max_rel_err(out, ref)
         else:
             out = np.array(kernel(inst, *case["dense"], poison=True), dtype=np.float64)
             if cand["inject"] == "wrong" and out.size:
@@ -673,8 +659,7 @@ def _measure_task(p) -> Dict[str, Any]:
 
 def _time_on_gpu(timer, kernel, inst, dense_dev):
     """The median device time of one call, timed as the benchmark times it."""
-    from ..bench.contestant import prepare_sparsec
-    from ..bench.timing import device_l2_bytes, free_device_bytes, rotation_count
+    from ..measure import device_l2_bytes, free_device_bytes, prepare_sparsec, rotation_count
 
     prepared = prepare_sparsec(kernel, inst, dense_dev, poison=False, layout="kernel")
     copies = rotation_count(prepared.nbytes, device_l2_bytes(), free_device_bytes("cuda"))

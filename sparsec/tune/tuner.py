@@ -22,7 +22,7 @@ import numpy as np
 
 from . import records as R
 from .features import MatrixContext, feature_matrix
-from .lookup import model_path
+from .apply import model_path
 from .model import FEATURES_KEY, CostModel, training_rows
 from .runner import Runner
 from .search import Search, SearchResult, Trial

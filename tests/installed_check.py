@@ -1,0 +1,81 @@
+"""Run by tests/test_wheel.py with the python of a fresh venv where the sparsec wheel is
+installed (non-editable), from a directory outside the checkout: every module imports
+under the one root ``sparsec``, and the library works from its installed files alone.
+Prints ``installed sparsec ok`` at the end; any failure is a traceback and exit 1."""
+import importlib
+import os
+import pkgutil
+import sys
+import tempfile
+
+import numpy as np
+import scipy.sparse as sp
+
+import sparsec
+
+# the installed copy, not a checkout (editable finder, PYTHONPATH or the working directory)
+here = os.path.realpath(sparsec.__file__)
+assert here.startswith(os.path.realpath(sys.prefix) + os.sep), f"sparsec imported from {here}, not {sys.prefix}"
+assert not any("editable" in type(f).__name__.lower() or "editable" in getattr(f, "__module__", "")
+               for f in sys.meta_path), sys.meta_path
+for bare in ("formats", "schedules"):
+    assert importlib.util.find_spec(bare) is None, f"a top-level '{bare}' is importable: {importlib.util.find_spec(bare)}"
+
+# every module of every subpackage imports (a bare 'formats' / 'schedules' import anywhere fails here)
+names = [m.name for m in pkgutil.walk_packages(sparsec.__path__, "sparsec.")]
+for sub in ("formats", "schedules", "lower", "bench", "tune"):
+    assert any(n.startswith(f"sparsec.{sub}.") for n in names), f"no modules of sparsec.{sub} installed: {names}"
+for name in names:
+    importlib.import_module(name)
+assert "formats" not in sys.modules and "schedules" not in sys.modules
+
+from sparsec import formats, tc_linear  # noqa: E402
+from sparsec.formats import nm  # noqa: E402
+from sparsec.reference import TOLERANCE, max_rel_err  # noqa: E402
+
+rng = np.random.default_rng(0)
+m = sp.random(45, 38, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+m.data = rng.standard_normal(m.nnz).astype(np.float32)
+dense = m.toarray()
+
+# one instance of every format family, each holding the matrix it was converted from
+instances = {
+    "csr": formats.convert(m, "csr"),
+    "bsr": formats.convert(m, "bsr:4x4"),
+    "ell": formats.convert(m, "ell"),
+    "rell": formats.convert(m, "rell"),
+    "hyb": formats.convert(m, "hyb"),
+    "bsr+csr": formats.convert(m, "bsr+csr:4x4"),
+    "srbcrs": formats.convert(sp.csr_matrix(np.round(dense * 10).astype(np.float32)), "srbcrs:v4,int8"),
+}
+pruned, keep = nm.prune(m, n=2, m=4)
+instances["nm"] = pruned
+assert {i.format.name for i in instances.values()} == {name for name, _ in formats.registry.families()}
+for name, inst in instances.items():
+    want = np.where(keep, dense, 0) if name == "nm" else (np.round(dense * 10) if name == "srbcrs" else dense)
+    np.testing.assert_array_equal(inst.to_scipy().toarray(), want, err_msg=name)
+
+# Tensor Core N:M pruning (formats.nm_tc through tc_linear)
+w = rng.standard_normal((64, 80)).astype(np.float32)
+p = tc_linear.prune(w, "nm_tc:1,10")
+assert p.shape == w.shape and 0 < np.count_nonzero(p) <= w.size // 10
+
+# a CPU kernel per family, checked against scipy
+B = rng.standard_normal((m.shape[1], 8)).astype(np.float32)
+for name, inst in instances.items():
+    k = sparsec.compile("spmm", inst, feat=8, target="llvm")
+    Bk = np.round(B * 4).astype(np.int8) if k.dtypes.dense == "int8" else B
+    ref = inst.to_scipy().astype(np.float64) @ Bk.astype(np.float64)
+    err = max_rel_err(k(inst, Bk), ref)
+    assert err <= TOLERANCE[k.dtype], (name, err)
+
+# export an llvm kernel and load it back with the runtime
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "spmm_csr.so")
+    k = sparsec.compile("spmm", instances["csr"], feat=8, target="llvm")
+    meta = k.export(path)
+    assert meta["sparsec_version"] == sparsec.__version__
+    loaded = sparsec.load(path)
+    np.testing.assert_allclose(loaded(instances["csr"], B), m @ B, rtol=1e-5, atol=1e-5)
+
+print("installed sparsec ok")
