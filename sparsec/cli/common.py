@@ -7,9 +7,7 @@ Nothing here imports TVM or the compiler: ``sparsec --help``, ``ops``, ``formats
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import numbers
 
 # exit codes (documented in the package docstring, --help and the README)
 OK, CHECK_FAILED, BAD_INPUT, CHECK_NOT_RUN = 0, 1, 2, 3
@@ -165,19 +163,4 @@ def kernel_dtype(args, family, params):
 
 
 # ---- output -----------------------------------------------------------------------------------
-def jsonable(value):
-    """``value`` with every non-finite float (inf, nan) as None, so that the JSON has numbers
-    or null and never the strings "inf" / "nan" or the non-standard tokens Infinity / NaN."""
-    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # numpy floats too
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
-
-
-def dumps(value, **kw) -> str:
-    """Standard JSON (no NaN / Infinity tokens); other objects as their str."""
-    return json.dumps(jsonable(value), allow_nan=False, default=str, **kw)
+from ..jsonable import dumps, jsonable  # noqa: E402,F401  (the CLI's JSON: numbers or null)
