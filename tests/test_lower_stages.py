@@ -202,5 +202,5 @@ def test_context_checks_parameters_before_any_stage(monkeypatch):
     with pytest.raises(TypeError, match=r"fmt should be a Format or CompositeFormat, got str"):
         LowerContext(ops.get("spmm"), "csr", {"feat": 8})
     assert calls == []
-    ctx = pipeline.LowerContext(ops.get("spmm"), make_format("csr"), {"feat": np.int64(8)}, dtype=np.float16)
+    ctx = pipeline.LowerContext(ops.get("spmm"), make_format("csr"), {"feat": np.int64(8)}, dtype="float16")
     assert ctx.params == {"feat": 8} and type(ctx.params["feat"]) is int and ctx.dtype == "float16"
