@@ -358,6 +358,29 @@ def test_every_axis_kind_binds_to_every_format(kind, kw, default, spec):
     check(y, np.asarray(m.astype(np.float64).sum(axis=1)).ravel(), 1e-5)
 
 
+def test_axis_kinds_are_the_formats_kinds():
+    """One vocabulary: the DSL's axis kinds are the format axis classes, named the same way in
+    reprs and messages as in ``sparsec inspect``."""
+    from sparsec import formats
+
+    op = dsl.Operator("kinds")
+    I = op.dense_fixed("i")
+    axes = [I, op.sparse_variable("j", parent=I), op.dense_fixed("k", extent=4)]
+    assert [a.kind for a in axes] == [formats.DenseFixed, formats.SparseVariable, formats.DenseFixed]
+    assert repr(axes[1]) == "SparseVariable(j)"
+    assert dsl.AXIS_KINDS is formats.AXIS_KINDS
+    op2 = dsl.Operator("ragged")
+    I2 = op2.dense_fixed("i")
+    assert op2.dense_variable("j", parent=I2).kind is formats.DenseVariable
+    with pytest.raises(ValueError, match=r"declares j as DenseVariable, which has no default matrix format"):
+        op2.default_format()
+    op3 = dsl.Operator("ell")
+    assert op3.sparse_fixed("j", parent=op3.dense_fixed("i"), width=3).kind is formats.SparseFixed
+    with pytest.raises(ValueError, match=r"kind should be one of \['DenseFixed', 'DenseVariable', 'SparseFixed', "
+                                         r"'SparseVariable'\], got 'dense_fixed'"):
+        dsl.Axis("x", "dense_fixed")
+
+
 def test_default_format_from_declared_kinds():
     rng = np.random.default_rng(7)
     lens = rng.integers(0, 7, 37)  # at most 6 entries a row: fits ELL of width 6
