@@ -20,24 +20,13 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-import numpy as np
-import scipy.sparse as sp
+from .stats import row_stats  # noqa: F401  (the statistics default_format reads; callers import it from here)
 
 MESH_CV = 0.5           # row-length std / mean at or below which rows are mesh-regular
 REGULAR_CV = 1.5        # ... at or below which CSR wins SpMM at wide features
 REGULAR_MAX_ROW = 300   # ... provided no row is longer than this
 WIDE_FEAT = 128         # feature width from which CSR's per-row chain is hidden
 SDDMM_CSR_MEAN_ROW = 8  # SDDMM: CSR on mesh-regular rows at least this long
-
-
-def row_stats(m) -> Dict[str, float]:
-    """Row-length statistics of a scipy matrix (any format)."""
-    m = sp.csr_matrix(m)
-    lengths = np.diff(m.indptr)
-    mean = float(lengths.mean()) if lengths.size else 0.0
-    return {"rows": m.shape[0], "nnz": int(m.nnz), "row_len_mean": mean,
-            "row_len_max": float(lengths.max()) if lengths.size else 0.0,
-            "row_len_cv": float(lengths.std() / mean) if mean > 0 else 0.0}
 
 
 def default_format(op: str, stats: Dict[str, float], feat: Optional[int] = None) -> str:

@@ -7,8 +7,9 @@ sparse COO, sparse CSR; torch is imported only when given one), and the tuples
 ``(data, indices, indptr)`` and ``(data, (row, col))`` with ``shape=``. See
 ``validate`` for how unsorted and duplicate entries are treated.
 
-scipy.sparse has no float16, so the formats use ``canonical_csr`` (a plain
-``Canonical`` tuple that keeps float16), and ``as_csr`` upcasts float16 to float32.
+``canonical_csr`` is the one canonicalisation: it returns a plain ``Canonical`` tuple (which
+keeps float16, unlike scipy.sparse); ``Canonical.scipy()`` and ``as_csr`` give the same matrix
+as a scipy CSR matrix, float16 upcast to float32.
 """
 from __future__ import annotations
 
@@ -35,23 +36,38 @@ class Canonical(NamedTuple):
     def nnz(self) -> int:
         return int(self.indices.size)
 
+    def scipy(self) -> sp.csr_matrix:
+        """These arrays as a canonical ``scipy.sparse.csr_matrix`` (sharing them; float16
+        values upcast to float32, as scipy.sparse has no float16)."""
+        data = self.data.astype(np.float32) if self.data.dtype == np.float16 else self.data
+        m = sp.csr_matrix((data, self.indices, self.indptr), shape=self.shape, copy=False)
+        # scipy may widen the index dtype for large shapes; sparsec kernels take int32.
+        m.indptr, m.indices = self.indptr, self.indices
+        m.has_sorted_indices = True
+        m.has_canonical_format = True
+        return m
+
 
 def as_csr(matrix, shape=None, dtype=None) -> sp.csr_matrix:
-    """``matrix`` as a canonical ``scipy.sparse.csr_matrix`` (never aliasing the input's
-    arrays). ``dtype=None`` keeps float32/64 and refuses anything but float16, which
-    is upcast to float32 (scipy.sparse has no float16)."""
-    c = canonical_csr(matrix, shape=shape, dtype=dtype)
-    data = c.data.astype(np.float32) if c.data.dtype == np.float16 else c.data
-    m = sp.csr_matrix((data, c.indices, c.indptr), shape=c.shape, copy=False)
-    # scipy may widen the index dtype for large shapes; sparsec kernels take int32.
-    m.indptr, m.indices = c.indptr, c.indices
-    m.has_sorted_indices = True
-    m.has_canonical_format = True
-    return m
+    """``canonical_csr(matrix, shape, dtype).scipy()``: a canonical ``scipy.sparse.csr_matrix``
+    that never aliases the input's arrays (unless given a ``Canonical``). ``dtype=None`` keeps
+    float16/32/64 values and refuses others (float16 comes back as float32)."""
+    return canonical_csr(matrix, shape=shape, dtype=dtype).scipy()
 
 
-def canonical_csr(matrix, shape=None, dtype=None) -> Canonical:
-    """``matrix`` validated and canonicalised (see the module docstring)."""
+def canonical_csr(matrix, shape=None, dtype=None, *, any_real: bool = False) -> Canonical:
+    """``matrix`` validated and canonicalised (see the module docstring). A ``Canonical``
+    is returned as it is when no ``shape`` or ``dtype`` asks for a change. ``any_real``: a
+    scipy or numpy matrix of integer or bool values is read as float64 instead of refused
+    (for statistics, which read only the pattern, and signatures, which hash float64 values)."""
+    if any_real and dtype is None and _integer_valued(matrix):
+        dtype = np.float64
+    if isinstance(matrix, Canonical):  # already canonical (a NamedTuple: checked before tuples)
+        if shape is not None and V.check_shape(shape) != matrix.shape:
+            raise ValueError(f"shape should match the matrix's shape {matrix.shape}, got {tuple(shape)}")
+        if dtype is None or np.dtype(dtype) == matrix.data.dtype:
+            return matrix
+        return _from_compressed(matrix.data, matrix.indices, matrix.indptr, matrix.shape, dtype, "reject")
     if isinstance(matrix, tuple):
         return _from_tuple(matrix, shape, dtype)
     if shape is not None:
@@ -67,6 +83,11 @@ def canonical_csr(matrix, shape=None, dtype=None) -> Canonical:
     if shape is not None and tuple(m.shape) != shape:
         raise ValueError(f"shape should match the matrix's shape {tuple(m.shape)}, got {shape}")
     return m
+
+
+def _integer_valued(matrix) -> bool:
+    kind = getattr(getattr(matrix, "dtype", None), "kind", None)  # numpy dtypes; torch's have none
+    return kind is not None and kind in "biu"
 
 
 def _build(indptr, indices, data, shape) -> Canonical:

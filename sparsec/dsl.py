@@ -12,7 +12,9 @@ An operator is written once, over coordinates, independent of the storage format
     with op.iterate([I, J, K], "SRS") as (i, j, k):
         C[i, k] += A[i, j] * B[j, k]
 
-Axes come in SparseTIR's four kinds. The pair (row axis, sparse axis) that the
+Axes come in SparseTIR's four kinds, the same four that formats are built of
+(``sparsec.formats.AXIS_KINDS``: DenseFixed, DenseVariable, SparseFixed, SparseVariable);
+``op.dense_fixed(...)`` and its siblings declare an axis of that kind. The pair (row axis, sparse axis) that the
 sparse buffers live on is the operator's *sparse structure*; at compile time it is
 bound to a format (``sparsec.formats``), whose own axis chain replaces it (CSR keeps
 it, BSR splits it into block and in-block axes, ELL makes the columns sparse-fixed).
@@ -29,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
 from .expr import BinOp, Call, Const, Expr, Select, wrap
+from .formats.axes import AXIS_KINDS, DenseFixed, DenseVariable, SparseFixed, SparseVariable
 
 __all__ = [
     "Operator", "Axis", "Buffer", "Access", "Iteration", "Statement",
     "exp", "maximum", "minimum", "sqrt", "select", "less",
 ]
 
-AXIS_KINDS = ("dense_fixed", "dense_variable", "sparse_fixed", "sparse_variable")
 # names of the emitted TVMScript (its namespace T, sizes, loop and block iterators) that a
 # buffer name would shadow
 RESERVED_NAMES = ("T", "rows", "cols", "slots")
@@ -44,26 +46,24 @@ RESERVED_PREFIXES = ("n_", "nnz_", "off_p", "l_", "v_")
 
 @dataclass(frozen=True, eq=False)
 class Axis:
-    """A coordinate axis of an operator. ``extent`` is an int, the name of a compile-time
-    parameter (e.g. ``"feat"``), or None for an extent taken from the sparse operand."""
+    """A coordinate axis of an operator. ``kind`` is one of the format axis kinds
+    (``sparsec.formats.AXIS_KINDS``), so an operator and a format speak of their levels in
+    one vocabulary. ``extent`` is an int, the name of a compile-time parameter (e.g.
+    ``"feat"``), or None for an extent taken from the sparse operand."""
 
     name: str
-    kind: str
+    kind: type
     parent: Optional["Axis"] = None
     extent: Union[int, str, None] = None
     width: Optional[int] = None
 
-    @property
-    def sparse(self) -> bool:
-        return self.kind.startswith("sparse")
-
-    @property
-    def structural(self) -> bool:
-        """True for the axes of the sparse structure (a row axis with children, or a child)."""
-        return self.parent is not None or self.extent is None
+    def __post_init__(self):
+        if self.kind not in AXIS_KINDS:
+            raise ValueError(f"axis {self.name}: kind should be one of {[k.__name__ for k in AXIS_KINDS]}, "
+                             f"got {self.kind!r}")
 
     def __repr__(self):
-        return f"{self.kind}({self.name})"
+        return f"{self.kind.__name__}({self.name})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,21 +175,21 @@ class Operator:
     # ---- axes (SparseTIR's four kinds) ----------------------------------------------
     def dense_fixed(self, name: str, extent: Union[int, str, None] = None) -> Axis:
         """A dense axis. ``extent=None`` makes it the row axis of the sparse structure."""
-        return self._axis(Axis(name, "dense_fixed", None, extent))
+        return self._axis(Axis(name, DenseFixed, None, extent))
 
     def dense_variable(self, name: str, parent: Axis) -> Axis:
         """A ragged dense axis under ``parent`` (a segment: positions, no column indices)."""
-        return self._axis(Axis(name, "dense_variable", self._parent(parent, name)))
+        return self._axis(Axis(name, DenseVariable, self._parent(parent, name)))
 
     def sparse_fixed(self, name: str, parent: Axis, width: int) -> Axis:
         """An ELL-like axis: ``width`` coordinate slots per parent coordinate."""
         if not isinstance(width, int) or width < 1:
             raise ValueError(f"sparse_fixed {name}: width should be a positive int, got {width!r}")
-        return self._axis(Axis(name, "sparse_fixed", self._parent(parent, name), width=width))
+        return self._axis(Axis(name, SparseFixed, self._parent(parent, name), width=width))
 
     def sparse_variable(self, name: str, parent: Axis) -> Axis:
         """A CSR-like axis: a variable number of coordinates per parent coordinate."""
-        return self._axis(Axis(name, "sparse_variable", self._parent(parent, name)))
+        return self._axis(Axis(name, SparseVariable, self._parent(parent, name)))
 
     def _parent(self, parent: Axis, name: str) -> Axis:
         if parent not in self.axes:
@@ -298,11 +298,11 @@ class Operator:
         CSR, a sparse_fixed one ELL of its width. A dense_variable (ragged) axis has no stored
         column indices, so such an operator must be bound to a format explicitly."""
         _, col = self.structure()
-        if col.kind == "sparse_variable":
+        if col.kind is SparseVariable:
             return "csr"
-        if col.kind == "sparse_fixed":
+        if col.kind is SparseFixed:
             return f"ell:{col.width}"
-        raise ValueError(f"operator {self.name} declares {col.name} as {col.kind}, which has no default "
+        raise ValueError(f"operator {self.name} declares {col.name} as {col.kind.__name__}, which has no default "
                          "matrix format; pass a format (e.g. 'csr', 'bsr:4x4') to compile")
 
     def params(self) -> Tuple[str, ...]:

@@ -115,14 +115,8 @@ def walk(e: Expr):
         children = (e.cond, e.then, e.other)
     elif isinstance(e, Load):
         children = e.index
-    elif hasattr(e, "children"):
-        children = e.children()
     for c in children:
         yield from walk(c)
-
-
-def substitute(e: Expr, mapping: Dict[str, Expr]) -> Expr:
-    return transform(e, lambda n: mapping.get(n.name) if isinstance(n, Var) else None)
 
 
 def simplify_add(a: Expr, b: Expr) -> Expr:

@@ -206,10 +206,33 @@ def test_missing_compile_time_param():
         sparsec.compile("spmm", "csr", target="llvm")
 
 
-@pytest.mark.parametrize("feat", [0, -3, 2.5], ids=["zero", "negative", "float"])
+@pytest.mark.parametrize("feat", [0, -3, 2.5, True, np.True_, "64", None],
+                         ids=["zero", "negative", "float", "bool", "numpy-bool", "str", "none"])
 def test_bad_compile_time_param(feat):
-    with pytest.raises(ValueError, match=r"feat should be a positive int"):
+    """Each is refused up front, naming the parameter (``feat=True`` once reached TVM as a
+    bool extent and came back as a page of TVMScript labelled a sparsec bug)."""
+    with pytest.raises(ValueError, match=r"feat should be a positive int") as err:
         sparsec.compile("spmm", "csr", feat=feat, target="llvm")
+    assert "bug" not in str(err.value) and "T.prim_func" not in str(err.value)
+
+
+def test_numpy_int_compile_time_param():
+    k = sparsec.compile("spmm", "csr", feat=np.int64(8), target="llvm")
+    assert [p.shape for p in k.params if p.name == "B"] == [("cols", 8)]
+
+
+@pytest.mark.parametrize("op, extra", [("spmm", {"hid": 3}), ("sddmm", {"feta": 8, "heads": 2})])
+def test_unknown_compile_time_param(op, extra):
+    with pytest.raises(ValueError, match=r"unknown compile parameters? .*for operator " + op) as err:
+        sparsec.compile(op, "csr", feat=8, target="llvm", **extra)
+    msg = str(err.value)
+    assert all(f"{k}={v}" in msg for k, v in extra.items()) and "['feat']" in msg
+
+
+def test_unknown_compile_time_param_for_op_without_params():
+    op = TEST_OPS["row_softmax"][0]()
+    with pytest.raises(ValueError, match=r"unknown compile parameter feat=8 .* parameters are \[\]"):
+        sparsec.compile(op, "csr", feat=8, target="llvm")
 
 
 def test_unknown_library_op():
@@ -333,6 +356,29 @@ def test_every_axis_kind_binds_to_every_format(kind, kw, default, spec):
     A = convert(m, spec)
     y = sparsec.compile(op, A)(A, poison=True)
     check(y, np.asarray(m.astype(np.float64).sum(axis=1)).ravel(), 1e-5)
+
+
+def test_axis_kinds_are_the_formats_kinds():
+    """One vocabulary: the DSL's axis kinds are the format axis classes, named the same way in
+    reprs and messages as in ``sparsec inspect``."""
+    from sparsec import formats
+
+    op = dsl.Operator("kinds")
+    I = op.dense_fixed("i")
+    axes = [I, op.sparse_variable("j", parent=I), op.dense_fixed("k", extent=4)]
+    assert [a.kind for a in axes] == [formats.DenseFixed, formats.SparseVariable, formats.DenseFixed]
+    assert repr(axes[1]) == "SparseVariable(j)"
+    assert dsl.AXIS_KINDS is formats.AXIS_KINDS
+    op2 = dsl.Operator("ragged")
+    I2 = op2.dense_fixed("i")
+    assert op2.dense_variable("j", parent=I2).kind is formats.DenseVariable
+    with pytest.raises(ValueError, match=r"declares j as DenseVariable, which has no default matrix format"):
+        op2.default_format()
+    op3 = dsl.Operator("ell")
+    assert op3.sparse_fixed("j", parent=op3.dense_fixed("i"), width=3).kind is formats.SparseFixed
+    with pytest.raises(ValueError, match=r"kind should be one of \['DenseFixed', 'DenseVariable', 'SparseFixed', "
+                                         r"'SparseVariable'\], got 'dense_fixed'"):
+        dsl.Axis("x", "dense_fixed")
 
 
 def test_default_format_from_declared_kinds():

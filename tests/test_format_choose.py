@@ -1,6 +1,9 @@
 """The default-format rule (formats/choose.py): CSR for mesh-regular rows, and for
-moderately skewed rows at wide features; hyb for skewed rows, narrow features and SDDMM."""
+moderately skewed rows at wide features; hyb for skewed rows, narrow features and SDDMM.
+Also: the one row-statistics implementation (formats.stats) and the one canonical CSR
+(formats.convert.canonical_csr) give the numbers and record signatures they gave before."""
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from sparsec.formats.choose import default_format, row_stats
@@ -59,3 +62,102 @@ def test_other_operators_and_empty_matrices_get_csr():
     assert default_format("rowsum", row_stats(_matrix(lengths))) == "csr"
     assert default_format("spmm", row_stats(sp.csr_matrix((5, 5)))) == "csr"
     assert default_format("sddmm", row_stats(sp.csr_matrix((5, 5)))) == "csr"
+
+
+# ------------------------------------------------- one row-statistics function, one canonical CSR
+
+
+def _seven_by_nine(dtype=np.float32):
+    """7 x 9, rows of 5, 5, 5, 5, 0, 4, 5 entries (29 in all), values in -5..1."""
+    d = ((np.arange(63).reshape(7, 9) * 7) % 11 - 5).astype(dtype)
+    d[d > 1] = 0
+    d[4] = 0
+    return d
+
+
+# computed by the separate implementations these replaced (formats.choose.row_stats,
+# tune.signature.matrix_stats and matrix_signature before they shared formats.stats and
+# formats.convert.canonical_csr): the numbers and the record signatures must not move
+BEFORE = {"rows": 7, "cols": 9, "nnz": 29, "density": 0.4603174603174603, "row_len_mean": 4.142857142857143,
+          "row_len_p50": 5.0, "row_len_p90": 5.0, "row_len_p99": 5.0, "row_len_max": 5.0,
+          "row_len_cv": 0.41665675771015764, "empty_row_frac": 0.14285714285714285,
+          "col_span_mean": 0.8703703703703703, "block_fill_4": 0.3625, "block_fill_16": 0.11328125,
+          "block_fill_32": 0.0283203125}
+SIGNATURES = {"seven_by_nine": "m-90f343891d2cdc78", "uniform-37x53": "m-0a328c106d498270",
+              "powerlaw-129x250": "m-4393dcc10a36435f", "empty-7x5": "m-791232d8706983a8"}
+
+
+@pytest.mark.parametrize("make", [lambda: sp.csr_matrix(_seven_by_nine()),
+                                  lambda: sp.coo_matrix(_seven_by_nine(np.float64)),
+                                  lambda: sp.csr_matrix(_seven_by_nine().astype(np.int64)),
+                                  lambda: _seven_by_nine()],
+                         ids=["csr-f32", "coo-f64", "csr-int64", "dense"])
+def test_stats_and_signature_as_before(make):
+    from sparsec.formats.stats import matrix_stats as formats_matrix_stats
+    from sparsec.tune.signature import matrix_signature, matrix_stats
+
+    assert matrix_stats is formats_matrix_stats  # one implementation, still importable from the tuner
+    m = make()
+    s = matrix_stats(m)
+    assert s == BEFORE and list(s) == list(BEFORE)
+    assert all(type(v) is type(BEFORE[k]) for k, v in s.items())  # JSON-ready plain ints and floats
+    assert row_stats(m) == {k: BEFORE[k] for k in list(BEFORE)[:11]}
+    assert matrix_signature(m) == SIGNATURES["seven_by_nine"]
+
+
+def test_signatures_of_test_matrices_as_before():
+    from conftest import make_matrix
+    from sparsec.tune.signature import matrix_signature
+
+    assert matrix_signature(make_matrix("uniform", 37, 53, seed=3)) == SIGNATURES["uniform-37x53"]
+    assert matrix_signature(make_matrix("powerlaw", 129, 250, seed=3)) == SIGNATURES["powerlaw-129x250"]
+    assert matrix_signature(sp.csr_matrix((7, 5))) == SIGNATURES["empty-7x5"]
+
+
+@pytest.mark.parametrize("spec", ["csr", "ell", "bsr:3x5", "hyb", "rell"])
+def test_format_stats_share_the_row_statistics(spec):
+    """A converted matrix's row_len_* numbers are the source matrix's row_stats."""
+    from conftest import make_matrix
+    from sparsec.formats import convert, module_for
+
+    m = make_matrix("powerlaw", 129, 250, seed=3)
+    inst = convert(m, spec)
+    s, r = module_for(inst.format).stats(inst), row_stats(m)
+    for key in ("row_len_mean", "row_len_max", "row_len_cv", "nnz", "rows", "cols", "density"):
+        assert s[key] == pytest.approx(r[key], rel=1e-12), key
+    q = np.quantile(np.diff(m.indptr), [0.5, 0.9, 0.99])
+    assert (s["row_len_p50"], s["row_len_p90"], s["row_len_p99"]) == tuple(float(v) for v in q)
+
+
+def test_one_canonical_csr():
+    from sparsec.formats import as_csr
+    from sparsec.formats.convert import Canonical, canonical_csr
+    from sparsec.tune.features import MatrixContext
+    from sparsec.tune import signature
+
+    d = _seven_by_nine()
+    unsorted = sp.csr_matrix(d)
+    order = np.concatenate([np.arange(unsorted.indptr[i], unsorted.indptr[i + 1])[::-1] for i in range(7)])
+    unsorted = sp.csr_matrix((unsorted.data[order], unsorted.indices[order], unsorted.indptr), shape=(7, 9))
+    c = canonical_csr(unsorted)
+    assert isinstance(c, Canonical) and canonical_csr(c) is c
+    s = c.scipy()
+    assert s.has_canonical_format and s.indices.dtype == np.int32 and np.array_equal(s.toarray(), d)
+    assert (as_csr(unsorted) != s).nnz == 0 and np.array_equal(as_csr(unsorted).indices, s.indices)
+    assert (MatrixContext(unsorted).csr != s).nnz == 0  # the tuner's matrix is the same canonical CSR
+    assert getattr(signature, "canonical_csr", canonical_csr) is canonical_csr  # no second one
+    half = canonical_csr(sp.csr_matrix(d), dtype=np.float16)
+    assert half.data.dtype == np.float16 and half.scipy().dtype == np.float32
+    with pytest.raises(ValueError, match=r"shape should match the matrix's shape \(7, 9\)"):
+        canonical_csr(c, shape=(9, 7))
+    assert canonical_csr(c, dtype=np.float64).data.dtype == np.float64
+
+
+def test_statistics_read_integer_matrices_that_conversion_refuses():
+    from sparsec.formats.convert import canonical_csr
+
+    ints = sp.csr_matrix(_seven_by_nine().astype(np.int32))
+    with pytest.raises(TypeError, match="value dtype should be one of"):
+        canonical_csr(ints)
+    assert canonical_csr(ints, any_real=True).data.dtype == np.float64
+    assert row_stats(ints)["row_len_cv"] == BEFORE["row_len_cv"]

@@ -1,55 +1,50 @@
-"""The lowering pipeline: a dict of named stages, each from one IR to the next.
+"""The lowering pipeline: an ordered dict of named stages (``STAGES``), each from one IR to the next.
 
-    bind       Operator + Format      -> BoundOperator   (stage I: format axes replace the sparse structure)
-    positions  BoundOperator          -> PositionProgram (stage II: loops in position space, guards)
-    flat       PositionProgram        -> FlatProgram     (stage III: flat buffers and offsets)
-    script     FlatProgram            -> str             (TVMScript text)
-    tir        str                    -> tvm PrimFunc
+    bind       Operator          -> BoundOperator   (stage I: format axes replace the sparse structure)
+    positions  BoundOperator     -> PositionProgram (stage II: loops in position space, guards)
+    flat       PositionProgram   -> FlatProgram     (stage III: flat buffers and offsets)
+    script     FlatProgram       -> str             (TVMScript text)
+    tir        str               -> tvm PrimFunc
 
-``lower(..., dump_ir=DIR)`` writes each stage's result as ``{op}.{stage}.txt``.
+Each stage is a function ``(ir, ctx) -> next`` (``pipeline.LowerContext`` holds the operator,
+format, compile-time parameters and dtype), run in order by ``pipeline.run_stages``.
+``dump_ir=DIR`` writes each stage's result as ``DIR/{op}.{stage}.txt``;
+``start_from=(stage, ir)`` takes ``ir`` as that stage's result and runs only the later stages
+(e.g. ``("script", open("spmm.script.txt").read())`` after editing a dump). An error inside
+a stage is re-raised as ``LoweringError("stage <name>: ...")`` with the original as cause.
 """
 from __future__ import annotations
 
-import os
-import pprint
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Tuple, Union
 
 import tvm
 
 from ..dsl import Operator
-from ..formats import Format
-from ..dtypes import dtype_spec
-from .bind import bind
-from .emit import emit_script
-from .flatten import flatten
-from .positions import lower_positions
+from ..formats import CompositeFormat, Format
+from .flatten import FlatProgram
+from .pipeline import STAGES, LowerContext, LoweringError, LoweringTypeError, run_stages
 
-STAGES = ("bind", "positions", "flat", "script", "tir")
+__all__ = ["STAGES", "LowerContext", "LoweringError", "LoweringTypeError", "lower", "lower_program", "run_stages"]
 
 
-def lower(op: Operator, fmt: Format, params: Dict[str, int], dtype: str = "float32",
-          dump_ir: Optional[str] = None, atomics: bool = False) -> tvm.tirx.PrimFunc:
+def lower(op: Operator, fmt: Union[Format, CompositeFormat], params: Dict[str, int], dtype: str = "float32",
+          dump_ir: Optional[str] = None, atomics: bool = False,
+          start_from: Optional[Tuple[str, Any]] = None) -> tvm.tirx.PrimFunc:
     """Run every stage and return the PrimFunc, ready for ``tvm.s_tir.Schedule``."""
-    return lower_program(op, fmt, params, dtype, dump_ir, atomics)[0]
+    return lower_program(op, fmt, params, dtype, dump_ir, atomics, start_from)[0]
 
 
-def lower_program(op: Operator, fmt: Format, params: Dict[str, int], dtype: str = "float32",
-                  dump_ir: Optional[str] = None, atomics: bool = False):
+def lower_program(op: Operator, fmt: Union[Format, CompositeFormat], params: Dict[str, int],
+                  dtype: str = "float32", dump_ir: Optional[str] = None, atomics: bool = False,
+                  start_from: Optional[Tuple[str, Any]] = None) -> Tuple[tvm.tirx.PrimFunc, FlatProgram]:
     """The PrimFunc and the flat program it came from (schedules read loop roles from it).
-    ``atomics``: emit atomicAdd where rows repeat (CUDA); the CPU schedule runs those serially."""
-    bound = bind(op, fmt, params)
-    positions = lower_positions(bound)
-    flat = flatten(positions, dtype_spec(dtype))
-    script = emit_script(flat, atomics)
-    try:
-        func = tvm.script.from_source(script)
-    except Exception as e:
-        raise RuntimeError(f"sparsec emitted TVMScript that TVM rejects (a sparsec bug):\n{script}\n{e}") from e
-    if dump_ir:
-        os.makedirs(dump_ir, exist_ok=True)
-        results = {"bind": bound, "positions": positions, "flat": flat, "script": script, "tir": func.script()}
-        for stage in STAGES:
-            text = results[stage] if isinstance(results[stage], str) else pprint.pformat(results[stage], width=110)
-            with open(os.path.join(dump_ir, f"{op.name}.{stage}.txt"), "w") as f:
-                f.write(text)
-    return func, flat
+    ``atomics``: emit atomicAdd where rows repeat (CUDA); the CPU schedule runs those serially.
+    ``start_from=(stage, ir)``: see the module docstring; when ``ir`` comes after the flat
+    stage (a TVMScript or PrimFunc), the flat program is lowered from ``op`` x ``fmt`` again."""
+    given = start_from[0] if isinstance(start_from, tuple) and start_from else None
+    ctx = LowerContext(op, fmt, params, dtype, atomics, dump_ir, given)
+    results = run_stages(ctx, start_from)
+    flat = results.get("flat")
+    if flat is None:
+        flat = run_stages(LowerContext(op, fmt, params, dtype, atomics), stop="flat")["flat"]
+    return results["tir"], flat

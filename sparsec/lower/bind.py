@@ -12,6 +12,7 @@ of one kernel never share a name.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -69,13 +70,29 @@ class BoundOperator:
         return self.params[axis.extent]
 
 
-def bind(op: Operator, fmt: Format, params: Dict[str, int]) -> BoundOperator:
-    missing = [p for p in op.params() if p not in params]
+def check_params(op: Operator, params: Dict[str, int]) -> Dict[str, int]:
+    """``params`` checked against the operator's compile-time extents (``op.params()``): no
+    unknown name (a misspelt ``feat`` would otherwise be ignored), none missing, each a positive
+    int (numpy ints accepted; bools refused: ``True`` is no extent). Returns them as plain ints."""
+    declared = op.params()
+    unknown = [p for p in params if p not in declared]
+    if unknown:
+        raise ValueError(f"unknown compile parameter{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(f'{p}={params[p]!r}' for p in unknown)} for operator {op.name}; "
+                         f"its compile parameters are {list(declared)}")
+    missing = [p for p in declared if p not in params]
     if missing:
-        raise ValueError(f"operator {op.name} needs compile-time values for {missing} (e.g. feat=64)")
+        raise ValueError(f"operator {op.name} needs compile-time values for {missing} (e.g. {missing[0]}=64)")
+    out = {}
     for name, v in params.items():
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} should be a positive int, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name} should be a positive int (an axis extent of {op.name}), got {v!r}")
+        out[name] = int(v)
+    return out
+
+
+def bind(op: Operator, fmt: Format, params: Dict[str, int]) -> BoundOperator:
+    params = check_params(op, params)
     row, col = op.structure()
     parts = [prefixed(p, f"p{k}_") for k, p in enumerate(fmt.parts)] if isinstance(fmt, CompositeFormat) else [fmt]
     out = []

@@ -26,12 +26,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsec.formats import bsr, ell, hyb, registry
-from sparsec.formats.convert import Canonical
+from sparsec.formats.convert import Canonical, as_csr
 from sparsec.schedules.cuda import AUTO_THREADS, MAX_THREADS as SPMM_MAX_THREADS, features_over_threads
 from sparsec.schedules.cuda_sddmm import MAX_THREADS as SDDMM_MAX_THREADS, WARP, default_lanes, default_vec
 from sparsec.schedules.cuda_sddmm import lane_groups
 
-from .signature import canonical_csr, matrix_signature, matrix_stats
+from .signature import matrix_signature, matrix_stats
 
 OPS = ("spmm", "sddmm")
 TEMPLATES = {"spmm": features_over_threads, "sddmm": lane_groups}  # the knobs each op's schedule takes
@@ -136,7 +136,7 @@ class MatrixContext:
     """One matrix, its statistics, and its format layouts computed on demand and cached."""
 
     def __init__(self, matrix):
-        self.csr: sp.csr_matrix = canonical_csr(matrix)
+        self.csr: sp.csr_matrix = as_csr(matrix)
         # a copy: matrix_stats' block counting writes into the indptr it is given (scipy
         # sum_duplicates through a strided view), which would corrupt self.csr and the caller's matrix
         self.stats: Dict[str, float] = matrix_stats(self.csr.copy())

@@ -36,8 +36,9 @@ import numpy as np
 
 from ..formats import hyb as hyb_format
 from ..formats.choose import default_format
+from ..formats.convert import as_csr
 from .features import resolve_spmm
-from .signature import canonical_csr, matrix_stats
+from .signature import matrix_stats
 
 MIN_RANGE_COLS = 1024
 MAX_ELL_PADDING = 3.0
@@ -119,7 +120,7 @@ class Space:
             raise ValueError(f"unknown format famil{'ies' if len(unknown) > 1 else 'y'} {unknown}; "
                              f"the tuner searches {list(FAMILIES)}")
         self.op, self.feat, self.dtype, self.size = op, int(feat), dtype, size
-        self.matrix = canonical_csr(matrix)
+        self.matrix = as_csr(matrix)
         self.stats = stats or matrix_stats(self.matrix)
         self.families = families
         self._longest: Dict[int, int] = {}
