@@ -74,12 +74,11 @@ def default_format_for(op: str, stats: Dict[str, float], feat: Optional[int] = N
 
 
 def matrix_stats(m: sp.csr_matrix) -> Dict[str, float]:
-    lengths = np.diff(m.indptr)
-    rows, cols = m.shape
-    mean = float(lengths.mean()) if lengths.size else 0.0
-    return {"rows": rows, "cols": cols, "nnz": int(m.nnz), "density": m.nnz / max(rows * cols, 1),
-            "row_len_mean": mean, "row_len_max": float(lengths.max()) if lengths.size else 0.0,
-            "row_len_cv": float(lengths.std() / mean) if mean > 0 else 0.0}
+    """The row statistics a case records and the default format is chosen on (one
+    implementation: ``sparsec.formats.stats.row_stats``)."""
+    from ..formats.stats import row_stats
+
+    return row_stats(m)
 
 
 def normalize_spec(spec: str) -> str:
