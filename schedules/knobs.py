@@ -171,7 +171,7 @@ def check_applicable(given: Mapping[str, Any], uses: Sequence[Tuple[Transformati
     bad = sorted(set(given) - valid)
     if not bad:
         return
-    known = set(known_knobs())
+    known = set(known_knobs()) | {k for t, _ in uses for k in t.knobs}
     unknown = [k for k in bad if k not in known]
     inapplicable = [k for k in bad if k in known]
     parts = []
