@@ -11,13 +11,15 @@ Three shapes of loop nest occur, told apart by the operator's dense (feature) lo
 """
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 import tvm
 from tvm import s_tir
 
 from .atomics import atomic_writeback, mark_atomic
 from .fusion import fuse_parts
-from .cuda_sddmm import lane_groups, unless_fused
-from .knobs import transformation
+from .cuda_sddmm import is_fused, lane_groups
+from .knobs import Knob, Transformation, check_applicable, group, transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
 
 MAX_THREADS = 1024
@@ -45,9 +47,91 @@ def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1, interleave
     sch.bind(t, tag)
 
 
-@transformation(knobs={"rows_per_block": ("auto", 1, 2, 4, 8, 16), "vec": (4, 1, 2),
-                       "slots_per_block": (64, 32, 128, 256, 512, 1024), "unroll": (2, 1, 4, 8),
-                       "interleave": (1, 0), "feat_tiles": (1, 2, 4, 8)})
+FIXED, DYNAMIC, BLOCKS = "fixed", "dynamic", "blocks"  # row shapes (features_over_threads.shape)
+MAX_COARSEN = 32  # row groups a block takes at most (fixed-width rows)
+
+
+def row_shape(nest) -> str:
+    """How a nest's rows run, which decides the knobs that take effect on it:
+
+    * ``fixed``: every entry loop has a constant extent (ELL, hyb's buckets, a fill nest
+      with no entries): the entries are unrolled fully, and a block takes
+      ``slots_per_block`` slots' worth of rows (``slots_per_block``, ``interleave``);
+    * ``dynamic``: the innermost entry loop has a data-dependent extent (CSR), unrolled
+      ``unroll`` times;
+    * ``blocks``: neither (BSR: a data-dependent count of blocks whose inner loops are
+      constant, unrolled fully; a nest that does not accumulate).
+    """
+    from sparsec.expr import Const
+
+    own_ir = [b for b in nest.blocks[-1][:-1] if b.loop.role != "root"]
+    if _fixed_width(own_ir) is not None and nest.blocks[0][0].loop.role == "root":
+        return FIXED
+    entries = [b for b in own_ir if b.loop.kind == "R"]
+    accumulates = nest.reduce is not None and (nest.init or nest.atomic)
+    if accumulates and entries and not isinstance(entries[-1].extent, Const):
+        return DYNAMIC
+    return BLOCKS
+
+
+def resolve_rows(feat: int, knobs, width=None) -> dict:
+    """What ``features_over_threads`` makes of its knobs (defaults for those not given) at
+    feature width ``feat``: the feature slices (``feat_tiles``, 1 unless it divides feat),
+    the vector width (1 unless it divides a slice), ``threads_per_row`` (at most 256;
+    ``serial`` chunks of features beyond run one after another), ``rows_per_block``
+    ("auto": blocks of about 128 threads; at most 1024 threads a block) and, for rows of
+    fixed ``width``, ``coarsen``: the row groups a block takes."""
+    k = {**features_over_threads.defaults(), **knobs}
+    tiles = k["feat_tiles"] if feat % k["feat_tiles"] == 0 else 1
+    F = feat // tiles
+    vec = k["vec"] if F % k["vec"] == 0 else 1
+    tx = F // vec
+    serial = 1
+    while tx > 256 and tx % 2 == 0:  # keep thread blocks modest; extra features run serially
+        tx //= 2
+        serial *= 2
+    rows_per_block = k["rows_per_block"]
+    if rows_per_block == "auto":  # about 128 threads a block: measured best on H200 graphs at F = 32..512
+        rows_per_block = max(1, min(16, AUTO_THREADS // tx))
+    rows_per_block = max(1, min(rows_per_block, MAX_THREADS // tx))
+    coarsen = 1
+    if width is not None:
+        coarsen = max(1, min(MAX_COARSEN, k["slots_per_block"] // (rows_per_block * width)))
+    return {"feat_tiles": tiles, "vec": vec, "threads_per_row": tx, "serial": serial,
+            "rows_per_block": rows_per_block, "coarsen": coarsen}
+
+
+def _resolve_nest(nest, knobs) -> dict:
+    return resolve_rows(_feature(nest).loop.extent, knobs)
+
+
+def _prune(nest, knobs):
+    """Why a combination of the knobs that apply to ``nest`` is no distinct kernel, or None."""
+    feat = _feature(nest).loop.extent
+    k = {**features_over_threads.defaults(), **knobs}
+    if feat % k["feat_tiles"]:
+        return "feat_tiles does not divide the feature width"
+    if (feat // k["feat_tiles"]) % k["vec"]:
+        return "vec does not divide the feature width"
+    r = resolve_rows(feat, k)
+    if k["rows_per_block"] != "auto" and int(k["rows_per_block"]) * r["threads_per_row"] > MAX_THREADS:
+        return f"more than {MAX_THREADS} threads a block"
+    if "interleave" in knobs and knobs["interleave"] == 0 and k["slots_per_block"] <= r["rows_per_block"]:
+        return "interleave without coarsening"
+    return None
+
+
+@transformation(knobs={
+    "rows_per_block": Knob(("auto", 1, 2, 4, 8, 16), search={FIXED: ("auto", 1, 2, 4)},
+                           small={DYNAMIC: ("auto", 1, 2, 4, 8), FIXED: ("auto", 1), BLOCKS: ("auto", 1)}),
+    "vec": Knob((4, 1, 2), search=(4, 2, 1), small=(4,)),
+    # fixed-width rows: 256..1024 slots never came within 3 % of the best on the H200 graphs
+    # log (784 measurements, 49 cases) and were the slowest to build
+    "slots_per_block": Knob((64, 32, 128, 256, 512, 1024), shapes=(FIXED,), search=(64, 128), small=(64, 512)),
+    "unroll": Knob((2, 1, 4, 8), shapes=(DYNAMIC,), search=(1, 2, 4, 8), small=(1, 2, 4)),
+    "interleave": Knob((1, 0), shapes=(FIXED,), small=(1, 0)),
+    "feat_tiles": Knob((1, 2, 4, 8), omit_default=True),  # came after the first logs
+}, shape=row_shape, resolve=_resolve_nest, prune=_prune)
 def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec: int, slots_per_block: int,
                           unroll: int, interleave: int, feat_tiles: int):
     """SpMM-like nests. Requires: the statement block's last loop is a spatial dense axis.
@@ -64,33 +148,25 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     takes ``slots_per_block / w`` rows (coarsening over groups of ``rows_per_block``, unrolled
     with ``interleave`` so that the groups' gathers overlap), so narrow buckets do not launch
     swarms of tiny blocks; a row of data-dependent length has its entry loop unrolled
-    ``unroll`` times.
+    ``unroll`` times (:func:`row_shape`; :func:`resolve_rows` turns the knobs into numbers).
 
     ``feat_tiles`` > 1 cuts the features into that many slices on ``blockIdx.y``. The grid
     runs every row block of the first slice before the next slice, so the rows of B being
     gathered at any moment are ``F / feat_tiles`` wide: on a wide F whose B outgrows the L2
     cache the slice may still fit. The cost is each row's indices read once per slice.
     """
-    feat = _feature(nest)
-    F = feat.loop.extent
-    if F % feat_tiles:
-        feat_tiles = 1
-    F //= feat_tiles
-    vec = vec if F % vec == 0 else 1
-    tx = F // vec
-    serial = 1
-    while tx > 256 and tx % 2 == 0:  # keep thread blocks modest; extra features run serially
-        tx //= 2
-        serial *= 2
-    if rows_per_block == "auto":  # about 128 threads a block: measured best on H200 graphs at F = 32..512
-        rows_per_block = max(1, min(16, AUTO_THREADS // tx))
-    rows_per_block = max(1, min(rows_per_block, MAX_THREADS // tx))
+    own_ir = [b for b in nest.blocks[-1][:-1] if b.loop.role != "root"]
+    width = _fixed_width(own_ir) if row_shape(nest) == FIXED else None
+    r = resolve_rows(_feature(nest).loop.extent, {"rows_per_block": rows_per_block, "vec": vec,
+                                                   "slots_per_block": slots_per_block, "feat_tiles": feat_tiles},
+                     width)
+    feat_tiles, vec, tx, serial = r["feat_tiles"], r["vec"], r["threads_per_row"], r["serial"]
+    rows_per_block, coarsen = r["rows_per_block"], r["coarsen"]
     blk = inner_block(sch, nest)
     loops = sch.get_loops(blk)
     k = loops[-1]
     k_f, k_s, k_t, k_v = sch.split(k, [feat_tiles, serial, tx, vec])
     # the statement block's other loops (not the row loop, which stays outermost)
-    own_ir = [b for b in nest.blocks[-1][:-1] if b.loop.role != "root"]
     own = loops[len(loops) - 1 - len(own_ir):-1]
     # Serial feature chunks (F / vec > 256) go outside the row's entry loop, each with its own
     # vec accumulators written back after it: with the chunks inside, a thread's accumulators
@@ -117,12 +193,8 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
             sch.decompose_reduction(blk, first_r)
     if vec > 1 and (accumulates or nest.reduce is None):  # an add into memory (parts) stays scalar
         sch.vectorize(k_v)
-    width = _fixed_width(own_ir)
     if accumulates:
         _unroll_entries(sch, own, own_ir, unroll)
-    coarsen = 1
-    if width is not None and nest.blocks[0][0].loop.role == "root":
-        coarsen = max(1, min(32, slots_per_block // (rows_per_block * width)))
     _bind_root(sch, nest, rows_per_block, "threadIdx.y", coarsen, bool(interleave))
 
 
@@ -196,18 +268,48 @@ def template_for(nest):
     if feat is None:
         if nest.reduce is not None and nest.init and not nest.fill:
             return row_reduce_over_lanes
-        return unless_fused(rows_over_threads)  # SDDMM's scale runs inside lane_groups' kernel
+        return rows_over_threads
     return features_over_threads if feat.loop.kind == "S" else lane_groups
 
 
-def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
-    """Apply each nest's template with its defaults overridden by ``knobs``; returns the knobs used."""
-    used = {}
+def _fused_by(nest, step) -> bool:
+    """True when ``lane_groups``, scheduling ``step``'s nest, moves ``nest`` into its kernel
+    (``cuda_sddmm.fuse_scale_epilogue``): an element-wise nest with no feature loop that
+    rewrites the reduction's output in place (SDDMM's scale)."""
+    dot, t = step
+    return (t is lane_groups and _feature(nest) is None and nest.reduce is None and not nest.fill
+            and nest.part == dot.part and nest.target.buffer == dot.target.buffer)
+
+
+def plan(program) -> List[Tuple[object, Optional[Transformation]]]:
+    """(nest, transformation) for every nest of ``program`` in order; None for a nest that
+    an earlier nest's transformation takes into its own kernel (each reduction takes the
+    first such nest). What the knobs check and the tuner's space read, without a schedule."""
+    steps: list = []
+    taken = set()
     for nest in program.nests:
         t = template_for(nest)
-        mine = {k: v for k, v in knobs.items() if k in t.knobs}
-        t(sch, nest, **mine)
-        used.update({**t.defaults(), **mine})
+        if t is rows_over_threads:
+            owner = next((i for i, s in enumerate(steps) if i not in taken and _fused_by(nest, s)), None)
+            if owner is not None:
+                taken.add(owner)
+                t = None
+        steps.append((nest, t))
+    return steps
+
+
+def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
+    """Apply each nest's template with its defaults overridden by ``knobs``; returns the knobs
+    that took effect. A knob no template applied here takes is a ValueError."""
+    steps = plan(program)
+    check_applicable(knobs, [(t, shapes) for t, shapes, _ in group(steps)], f"{program.name} on cuda")
+    used = {}
+    for nest, t in steps:
+        if t is None:
+            if not is_fused(sch, nest):  # the fusion was left undone: a kernel of its own
+                rows_over_threads(sch, nest)
+            continue
+        used.update(t(sch, nest, **{k: v for k, v in knobs.items() if k in t.knobs}))
     return used
 
 

@@ -30,7 +30,7 @@ from tvm.ir import expr as ie
 from tvm.ir.prim import expr as pe
 from tvm.tirx import expr as te
 
-from .knobs import Transformation, transformation
+from .knobs import Knob, transformation
 from .loops import inner_block, root_block
 
 WARP = 32
@@ -321,8 +321,37 @@ def default_lanes(feat: int, vec: int) -> int:
 # ---------------------------------------------------------------- the template
 
 
-@transformation(knobs={"lanes": (0, 1, 2, 4, 8, 16, 32), "vec": (0, 1, 2, 4), "groups": (0, 1, 2, 4, 8, 16, 32),
-                       "rows_per_block": (4, 1, 2, 8, 16)})
+def resolve_lanes(feat: int, knobs) -> dict:
+    """What ``lane_groups`` makes of its knobs (defaults for those not given; 0: chosen from
+    feat) at feature width ``feat``: vec, lanes, groups, ``threads_per_row`` (lanes x
+    groups) and rows_per_block (at most 1024 threads a block)."""
+    k = {**lane_groups.defaults(), **knobs}
+    vec = k["vec"] or default_vec(feat)
+    if feat % vec:
+        vec = 1
+    lanes = k["lanes"] or default_lanes(feat, vec)
+    groups = k["groups"] or max(1, WARP // lanes)
+    rows_per_block = max(1, min(k["rows_per_block"], MAX_THREADS // (lanes * groups)))
+    return {"vec": vec, "lanes": lanes, "groups": groups, "threads_per_row": lanes * groups,
+            "rows_per_block": rows_per_block}
+
+
+def _feat(nest) -> int:
+    return int(nest.blocks[-1][-1].loop.extent)
+
+
+def _prune(nest, knobs):
+    r = resolve_lanes(_feat(nest), knobs)
+    if r["threads_per_row"] > MAX_THREADS:
+        return f"lanes x groups over {MAX_THREADS} threads"
+    return None
+
+
+@transformation(knobs={"lanes": Knob((0, 1, 2, 4, 8, 16, 32), search=(0, 4, 8, 16, 32), small=(0, 8, 32)),
+                       "vec": Knob((0, 1, 2, 4), search=(0, 4)),
+                       "groups": Knob((0, 1, 2, 4, 8, 16, 32), search=(0, 1, 2, 4), small=(0, 1, 4)),
+                       "rows_per_block": Knob((4, 1, 2, 8, 16), search=(4, 1, 2, 8), small=(4, 1, 8))},
+                resolve=lambda nest, knobs: resolve_lanes(_feat(nest), knobs), prune=_prune)
 def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int, rows_per_block: int):
     """SDDMM-like nests: the statement block's last loop is a reduction over a dense feature
     axis, its other loops are spatial (the stored entries). 0 means "chosen from feat":
@@ -339,13 +368,8 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
                   acc += sum_v xr[v] * yv[v]    -> shuffle all-reduce over the lanes
                 C[p] = A[p] * acc
     """
-    feat = nest.blocks[-1][-1].loop.extent
-    vec = vec or default_vec(feat)
-    if feat % vec:
-        vec = 1
-    lanes = lanes or default_lanes(feat, vec)
-    groups = groups or max(1, WARP // lanes)
-    rows_per_block = max(1, min(rows_per_block, MAX_THREADS // (lanes * groups)))
+    r = resolve_lanes(_feat(nest), {"lanes": lanes, "vec": vec, "groups": groups, "rows_per_block": rows_per_block})
+    vec, lanes, groups, rows_per_block = r["vec"], r["lanes"], r["groups"], r["rows_per_block"]
     if lanes * groups > MAX_THREADS:
         raise ValueError(f"{nest.name}: lanes * groups should be at most {MAX_THREADS}, got {lanes} * {groups}")
     blk = inner_block(sch, nest)
@@ -382,11 +406,3 @@ def feature_operands(nest):
     k = f"v_{nest.blocks[-1][-1].loop.name}"
     return list(dict.fromkeys(n.buffer for n in walk(nest.value) if isinstance(n, Load) and n.index
                               and isinstance(n.index[-1], Var) and n.index[-1].name == k))
-
-
-def unless_fused(t: Transformation) -> Transformation:
-    """``t``, skipped for a nest that :func:`fuse_scale_epilogue` moved into its reduction nest."""
-    def fn(sch, nest, **knobs):
-        if not is_fused(sch, nest):
-            t.fn(sch, nest, **knobs)
-    return Transformation(t.name, fn, t.knobs)

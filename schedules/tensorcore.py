@@ -37,7 +37,7 @@ from typing import Dict
 from tvm import s_tir
 from tvm.script import tirx as T
 
-from .knobs import transformation
+from .knobs import ANY, check_applicable, transformation
 
 DTYPES = ("float16", "bfloat16")
 WARP = 32
@@ -52,12 +52,12 @@ PASS_CONFIG = {"tirx.use_async_copy": True}  # lowers the gathers marked async_s
 
 
 def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
-    """True when the Tensor Core template fits: CUDA, SpMM over one BSR part with square
-    blocks of a multiple of 16, fp16/bf16 values, and a feature count that is a multiple of
-    the N tile (else the generic template runs: correct, slower)."""
+    """True when the Tensor Core template fits: CUDA, fp16/bf16 values, the program is a
+    block SpMM (:func:`is_block_spmm`) over square blocks of a multiple of 16, and the
+    feature count is a multiple of the N tile (else the generic template runs: correct, slower)."""
     if target_kind != "cuda" or program.dtype.sparse not in DTYPES:
         return False
-    if program.bound.composite or not _is_library_spmm(program):
+    if not is_block_spmm(program):
         return False
     bs = block_size(program)
     if bs is None:
@@ -69,37 +69,63 @@ def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
 
 def schedule(program, **knobs):
     """The staged PrimFunc of ``program``'s shape scheduled by ``bsr_tensorcore``; returns
-    (schedule, knobs used). Knobs not given take ``default_knobs``; others are ignored."""
-    bs, feat = block_size(program), feat_of(program)
-    chosen = default_knobs(bs, feat)
-    chosen.update({k: v for k, v in knobs.items() if k in bsr_tensorcore.knobs})
-    func = staged_spmm(bs, feat, chosen["n_tile"], program.dtype.sparse, chosen["stages"], async_copy=True,
-                       name=program.name)
+    (schedule, knobs used). Knobs not given take ``default_knobs``; a knob the template
+    does not take (a generic CUDA knob, an unknown one) is a ValueError."""
+    check_applicable(knobs, [(bsr_tensorcore, (ANY,))], f"{program.name} on cuda (Tensor Cores)")
+    chosen = _resolve(program, knobs)
+    func = staged_spmm(block_size(program), feat_of(program), chosen["n_tile"], program.dtype.sparse,
+                       chosen["stages"], async_copy=True, name=program.name)
     sch = s_tir.Schedule(func, enable_check=False)
     bsr_tensorcore(sch, program, **chosen)
     return sch, chosen
 
 
-def _is_library_spmm(program) -> bool:
-    """The library SpMM (C = A @ B) with the staged function's argument list."""
-    from sparsec import ops
+def is_block_spmm(program) -> bool:
+    """Capability check, on the program's structure alone: one statement, a sum over the
+    sparse axis of (sparse value x dense operand) into a dense output,
+    ``C[i, k] += A[i, j] * B[j, k]``, over one format part, with no other operand (no bias,
+    no epilogue): the staged function's arguments (two index arrays, A, B, C and three
+    extents)."""
+    from sparsec.dsl import Access
+    from sparsec.expr import BinOp
 
-    args = [(b.name, b.role) for b in program.buffers]
-    return (program.bound.op.doc == ops.spmm().doc and len(program.nests) == 1
-            and program.nests[0].reduce == "sum" and program.scalars == ["n_io", "rows", "cols"]
-            and args == [("indptr", "index"), ("indices", "index"), ("A", "input"), ("B", "input"), ("C", "output")])
+    op = program.bound.op
+    statements = [it.statement for it in op.iterations if it.statement is not None]
+    if program.bound.composite or len(statements) != 1 or len(program.nests) != 1:
+        return False
+    st, nest = statements[0], program.nests[0]
+    if st.reduce != "sum" or nest.reduce != "sum" or not nest.init or nest.atomic or nest.fill:
+        return False
+    v = st.value
+    if not (isinstance(v, BinOp) and v.op == "*" and isinstance(v.a, Access) and isinstance(v.b, Access)):
+        return False
+    sparse, dense = (v.a, v.b) if v.a.buffer.sparse else (v.b, v.a)
+    out = st.target
+    row, col = op.structure()
+    k = out.axes[-1]
+    if (not sparse.buffer.sparse or dense.buffer.sparse or out.buffer.sparse or k.structural
+            or out.axes != (row, k) or sparse.axes != (row, col) or dense.axes != (col, k)):
+        return False
+    roles = [(b.role, b.sparse) for b in program.buffers]
+    return (roles == [("index", False), ("index", False), ("input", True), ("input", False), ("output", False)]
+            and len(program.scalars) == 3)
 
 
 def block_size(program):
-    """The square block size of a BSR program (a multiple of 16), else None."""
-    part = program.bound.parts[0]
-    block = dict(getattr(part, "params", ())).get("block")
-    if not block or block[0] != block[1] or block[0] % 16:
+    """The block size of a program over square blocks of a multiple of 16 (a dense row
+    axis, a variable sparse axis of blocks, and two dense in-block axes of constant equal
+    extent), else None."""
+    axes = program.bound.parts[0].axes
+    if len(axes) != 4:
         return None
-    names = [type(a).__name__ for a in part.axes]
-    if names != ["DenseFixed", "SparseVariable", "DenseFixed", "DenseFixed"]:
+    root, blocks, r, c = axes
+    if root.sparse or root.variable or not (blocks.sparse and blocks.variable) or blocks.padded:
         return None
-    return int(block[0])
+    if any(a.sparse or a.variable or getattr(a, "extent", None) is None for a in (r, c)):
+        return None
+    if (r.dim, c.dim) != (0, 1) or r.extent != c.extent or r.extent % 16:
+        return None
+    return int(r.extent)
 
 
 def feat_of(program) -> int:
@@ -352,8 +378,22 @@ def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stage
     return warps
 
 
+def _resolve(program, knobs) -> dict:
+    """The knobs the template runs with: ``default_knobs`` for the block size and width,
+    overridden by those given."""
+    return {**default_knobs(block_size(program), feat_of(program)), **knobs}
+
+
+def _prune(program, knobs):
+    try:
+        check_knobs(block_size(program), feat_of(program), **_resolve(program, knobs))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 @transformation(knobs={"n_tile": (128, 64, 256), "warp_m": (32, 16, 64), "warp_n": (32, 16, 64),
-                       "stages": (2, 1, 3, 4)})
+                       "stages": (2, 1, 3, 4)}, resolve=_resolve, prune=_prune)
 def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int):
     """Schedule ``staged_spmm`` onto Tensor Cores (see the module docstring).
 

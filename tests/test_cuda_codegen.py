@@ -139,8 +139,9 @@ def test_spmm_wide_feat_compiles_for_cuda(feat, spec):
 def test_cuda_kernel_knobs_recorded():
     k = build("spmm", "bsr:4x4", "sm_90a")
     assert k.target.name == "cuda:sm_90a"
-    assert k.knobs == {"rows_per_block": "auto", "vec": 4, "slots_per_block": 64, "unroll": 2, "interleave": 1,
-                       "feat_tiles": 1}
+    # BSR's blocks are unrolled fully and its rows are of data-dependent length: neither
+    # unroll nor slots_per_block / interleave acts on them, so they are not reported
+    assert k.knobs == {"rows_per_block": "auto", "vec": 4, "feat_tiles": 1}
 
 
 # ---------------------------------------------------------------- nvcc side

@@ -31,7 +31,7 @@ def matrix():
 
 
 def test_candidates_are_measured_on_both_servers_and_checked(cluster):
-    cands = [{"op": "spmm", "format": "csr", "schedule_knobs": {"rows_per_block": r}, "feat": 16, "dtype": "float32"}
+    cands = [{"op": "spmm", "format": "csr", "schedule_knobs": {"parallel": r % 2 == 0}, "feat": 16, "dtype": "float32"}
              for r in (1, 2, 4, 8)]
     cands += [{"op": "sddmm", "format": "hyb", "feat": 8, "dtype": "float32"},
               {"op": "spmm", "format": "ell", "feat": 16, "dtype": "float32", "inject": "compile_error"}]
@@ -49,7 +49,7 @@ def test_tune_cli_over_rpc(cluster, tmp_path, capsys):
     sp.save_npz(path, matrix())
     log = tmp_path / "log.jsonl"
     assert cli.main(["tune", "spmm", "--matrix", str(path), "--feat", "8", "--trials", "4", "--batch", "2",
-                     "--formats", "csr", "--rpc", cluster.address, "--rpc-key", KEY, "--log", str(log),
+                     "--formats", "csr,hyb", "--rpc", cluster.address, "--rpc-key", KEY, "--log", str(log),
                      "--workers", "2"]) == 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 4 and all(r["status"] == "ok" for r in records)

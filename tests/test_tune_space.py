@@ -33,7 +33,7 @@ def test_every_candidate_is_valid_and_unique(matrix, feat):
         k = c["schedule_knobs"]
         for name, value in k.items():
             assert name in features_over_threads.knobs, name
-            assert value in features_over_threads.knobs[name] or name == "rows_per_block", (name, value)
+            assert value in features_over_threads.knobs[name].choices, (name, value)
         tiles = k.get("feat_tiles", 1)
         assert "feat_tiles" not in k or tiles > 1, "untiled kernels keep their pre-tiling identity"
         assert feat % tiles == 0 and (tiles == 1 or feat // tiles >= MIN_TILE_FEATURES)
@@ -72,3 +72,41 @@ def test_bad_arguments_name_the_problem(matrix):
         Space("spmm", matrix, 32, families=["coo"])
     with pytest.raises(ValueError, match="size"):
         Space("spmm", matrix, 32, size="huge")
+
+
+def test_default_is_buildable_where_auto_resolves_off_the_choices(matrix):
+    """F = 96: "auto" means 5 rows a block, not a declared choice: the candidate keeps "auto"."""
+    d = Space("spmm", matrix, 96).default
+    assert d["schedule_knobs"]["rows_per_block"] == "auto"
+
+
+def test_llvm_space_searches_the_cpu_template(matrix):
+    """On llvm the CPU template's knobs are searched, and no CUDA knob that would do nothing."""
+    space = Space("spmm", matrix, 32, target="llvm")
+    assert {tuple(sorted(c["schedule_knobs"])) for c in space.candidates} == {("parallel",)}
+    assert {c["schedule_knobs"]["parallel"] for c in space.candidates} == {True, False}
+    assert space.default["schedule_knobs"] == {"parallel": True}
+
+
+def test_sddmm_spellings_of_one_kernel_are_one_candidate(matrix):
+    """lanes = 0 ("chosen from feat") is written as the lanes it chooses."""
+    space = Space("sddmm", matrix, 64)
+    assert all(c["schedule_knobs"]["lanes"] and c["schedule_knobs"]["vec"] and c["schedule_knobs"]["groups"]
+               for c in space.candidates)
+    assert space.default["schedule_knobs"] == {"lanes": 16, "vec": 4, "groups": 2, "rows_per_block": 4}
+
+
+def test_bsr_takes_only_the_knobs_that_act_on_blocks():
+    """BSR rows run a data-dependent number of fully unrolled blocks: neither slots/interleave
+    (fixed-width rows) nor unroll (data-dependent rows) act on them; fp16 BSR with blocks of 16
+    runs the Tensor Core template, whose knobs it searches (warp tiles that do not fit pruned)."""
+    m = sp.csr_matrix(np.kron(sp.random(64, 64, 0.05, random_state=1).toarray() != 0, np.ones((16, 16))),
+                      dtype=np.float32)
+    space = Space("spmm", m, 128, families=["bsr"])
+    generic = [c for c in space.candidates if c["format"] in ("bsr:2x2", "bsr:4x4", "bsr:8x8")]
+    assert generic and all(set(c["schedule_knobs"]) <= {"rows_per_block", "vec", "feat_tiles"} for c in generic)
+    half = Space("spmm", m, 128, "float16", families=["bsr"])
+    tc = [c for c in half.candidates if c["format"] == "bsr:16x16"]
+    assert tc and all(set(c["schedule_knobs"]) == {"n_tile", "warp_m", "warp_n", "stages"} for c in tc)
+    assert all(c["schedule_knobs"]["warp_m"] <= 16 for c in tc)
+    assert any("bsr_tensorcore" in why for why in half.pruned)

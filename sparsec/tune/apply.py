@@ -100,7 +100,7 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
         best = R.best(records[path], op, ctx.signature, target, feat=feat, dtype=dtype)
         if best is not None:
             return _record_candidate(best), "record"
-    space = Space(op, ctx.matrix, feat, dtype, stats=ctx.stats)
+    space = Space(op, ctx.matrix, feat, dtype, stats=ctx.stats, target=target)
     for path in logs:
         model = _log_model(path, records[path])
         if model is not None:

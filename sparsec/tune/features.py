@@ -20,29 +20,47 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import scipy.sparse as sp
 
 from sparsec.formats import bsr, ell, hyb, registry
 from sparsec.formats.convert import Canonical, as_csr
-from sparsec.schedules.cuda import AUTO_THREADS, MAX_THREADS as SPMM_MAX_THREADS, features_over_threads
-from sparsec.schedules.cuda_sddmm import MAX_THREADS as SDDMM_MAX_THREADS, WARP, default_lanes, default_vec
-from sparsec.schedules.cuda_sddmm import lane_groups
+from sparsec.schedules import features_over_threads, lane_groups, parallel_rows
+from sparsec.schedules.cuda import resolve_rows
+from sparsec.schedules.cuda_sddmm import resolve_lanes
+from sparsec.schedules.tensorcore import bsr_tensorcore
 
 from .signature import matrix_signature, matrix_stats
 
 OPS = ("spmm", "sddmm")
-TEMPLATES = {"spmm": features_over_threads, "sddmm": lane_groups}  # the knobs each op's schedule takes
+# each op's templates, the first the one whose defaults the schedule columns fill in
+TEMPLATES = {"spmm": (features_over_threads, bsr_tensorcore, parallel_rows), "sddmm": (lane_groups, parallel_rows)}
 FAMILIES = ("csr", "hyb", "ell", "bsr")  # formats with format-derived features; others: "other", NaN
 DTYPE_BYTES = {"float64": 8.0, "float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
-MAX_COARSEN = 32  # features_over_threads' cap on row groups per block for fixed-width rows
 
 _LOG_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_p50", "row_len_p90", "row_len_p99", "row_len_max")
 DERIVED_NAMES = ("log_serial_chain", "log_chain_over_mean", "log_chain_bound")
 _PLAIN_STATS = ("density", "row_len_cv", "empty_row_frac", "col_span_mean",
                 "block_fill_4", "block_fill_16", "block_fill_32")
+# knobs with columns of their own among the schedule columns below (named before knobs were
+# declared in one place); every other knob of the templates gets a ``knob_<name>`` column
+_NAMED_KNOBS = ("rows_per_block", "vec", "slots_per_block", "unroll", "interleave", "feat_tiles", "lanes", "groups")
+
+
+def _declared_knobs():
+    """(name, Knob) of every knob of the tuned templates without a named column, in order."""
+    out = {}
+    for templates in TEMPLATES.values():
+        for t in templates:
+            for k, knob in t.knobs.items():
+                if k not in _NAMED_KNOBS:
+                    out.setdefault(k, knob)
+    return tuple(out.items())
+
+
+KNOB_COLUMNS = _declared_knobs()
 
 FEATURE_NAMES: Tuple[str, ...] = (
     # the matrix (log1p of counts and lengths; fractions as they are)
@@ -64,10 +82,31 @@ FEATURE_NAMES: Tuple[str, ...] = (
     "log2_feat_tiles",
     # derived from the columns above (``derived_features``), so stored rows of any age get them
     *DERIVED_NAMES,
+    # every other declared knob, as its value (NaN where the candidate's kernel does not take it)
+    *(f"knob_{k}" for k, _ in KNOB_COLUMNS),
 )
 LEGACY_VALUES = (0.0,)  # log2(feat_tiles = 1): rows logged before it ran untiled kernels
-BASE_LENGTH = len(FEATURE_NAMES) - len(DERIVED_NAMES)
+KNOBS_AT = len(FEATURE_NAMES) - len(KNOB_COLUMNS)
+BASE_LENGTH = KNOBS_AT - len(DERIVED_NAMES)
 LEGACY_LENGTH = BASE_LENGTH - len(LEGACY_VALUES)
+
+
+def _knob_value(v) -> float:
+    if isinstance(v, (bool, np.bool_)):
+        return float(v)
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        return float(v)
+    return math.nan  # "auto" and other words
+
+
+def knob_features(schedule_knobs: Optional[Mapping[str, Any]]) -> List[float]:
+    """The ``knob_<name>`` columns of a candidate's written-out schedule knobs: a knob it
+    names, its value; one it leaves out, the default when the knob is declared
+    ``omit_default`` (written only when not at its default, so the kernel ran with it),
+    else NaN (the candidate's template does not take it)."""
+    knobs = schedule_knobs or {}
+    return [_knob_value(knobs[k]) if k in knobs else (_knob_value(knob.default) if knob.omit_default else math.nan)
+            for k, knob in KNOB_COLUMNS]
 
 
 def derived_features(f: Mapping[str, float]) -> Dict[str, float]:
@@ -103,20 +142,26 @@ def derived_features(f: Mapping[str, float]) -> Dict[str, float]:
     return out
 
 
-def stored_row(x):
+def stored_row(x, schedule_knobs: Optional[Mapping[str, Any]] = None):
     """A feature row read back from a log or results file, with None for NaN, as a list in
-    ``FEATURE_NAMES`` order: a row stored before the newest knobs were added is extended
-    with the values its kernel ran with, and the derived columns are computed afresh. None
-    when the row is of no known length."""
+    ``FEATURE_NAMES`` order: a row stored before the newest features were added is extended
+    with the values its kernel ran with, and the derived columns are computed afresh. The
+    ``knob_<name>`` columns are computed from the record's ``schedule_knobs`` when given
+    (then their order in older rows does not matter), else read from the row where it has
+    them and filled as :func:`knob_features` fills a knob left out. None when the row is of
+    no known length."""
     if not isinstance(x, list):
         return None
     if len(x) == LEGACY_LENGTH:
         x = x + list(LEGACY_VALUES)
-    if len(x) not in (BASE_LENGTH, len(FEATURE_NAMES)):
+    if len(x) != BASE_LENGTH and not KNOBS_AT <= len(x) <= len(FEATURE_NAMES):
         return None
     base = [math.nan if v is None else float(v) for v in x[:BASE_LENGTH]]
     extra = derived_features(dict(zip(FEATURE_NAMES, base)))
-    return base + [extra[k] for k in DERIVED_NAMES]
+    knobs = knob_features(schedule_knobs)
+    if schedule_knobs is None and len(x) > KNOBS_AT:
+        knobs[:len(x) - KNOBS_AT] = [math.nan if v is None else float(v) for v in x[KNOBS_AT:]]
+    return base + [extra[k] for k in DERIVED_NAMES] + knobs
 
 
 @dataclass(frozen=True)
@@ -274,74 +319,42 @@ def format_params(fmt: str, knobs: Optional[Mapping[str, Any]]) -> Tuple[str, Di
 
 
 def schedule_knobs(op: str, knobs: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    """``knobs`` with the op's template defaults filled in. A knob the template does not
-    declare is a ValueError naming it, and so is a value of the wrong kind; an integer
-    outside the declared choices is featurized as it is (the build rejects it, and the
-    tuner records that rather than stopping)."""
+    """``knobs`` with the defaults of the op's main template filled in (the schedule
+    columns describe its kernel). A knob none of the op's templates declares is a
+    ValueError naming it, and so is a value of the wrong kind; an integer outside the
+    declared choices is featurized as it is (the build rejects it, and the tuner records
+    that rather than stopping)."""
     if op not in TEMPLATES:
         raise ValueError(f"op should be one of {list(OPS)}, got {op!r}")
-    template = TEMPLATES[op]
+    templates = TEMPLATES[op]
+    declared = {}
+    for t in templates:
+        for k, knob in t.knobs.items():
+            declared.setdefault(k, knob)
     knobs = dict(knobs or {})
     for key, value in knobs.items():
-        if key not in template.knobs:
-            raise ValueError(f"{op}: unknown schedule knob {key!r} for template {template.name}; "
-                             f"known: {sorted(template.knobs)}")
-        choices = template.knobs[key]
-        if value == "auto" and "auto" in choices:
+        if key not in declared:
+            raise ValueError(f"{op}: unknown schedule knob {key!r} for templates {[t.name for t in templates]}; "
+                             f"known: {sorted(declared)}")
+        choices = declared[key].choices
+        if value in choices and type(value) is type(choices[choices.index(value)]):
             continue
-        lowest = min(c for c in choices if not isinstance(c, str))
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
-            raise ValueError(f"{op}: schedule knob {key!r} should be an integer >= {lowest}"
-                             f"{' or auto' if 'auto' in choices else ''} (choices {choices}), got {value!r}")
-    return {**template.defaults(), **{k: (v if v == "auto" else int(v)) for k, v in knobs.items()}}
-
-
-def resolve_spmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
-    """What ``features_over_threads`` makes of filled-in knobs at width ``feat``: the feature
-    slices (``feat_tiles`` dividing feat), the vector width that divides a slice, ``tx``
-    threads per row (at most 256, features beyond run serially) and the rows per block
-    ("auto": about 128 threads a block)."""
-    tiles = knobs.get("feat_tiles", 1)
-    tiles = tiles if feat % tiles == 0 else 1
-    feat //= tiles
-    vec = knobs["vec"] if feat % knobs["vec"] == 0 else 1
-    tx = feat // vec
-    while tx > 256 and tx % 2 == 0:
-        tx //= 2
-    rows_per_block = knobs["rows_per_block"]
-    if rows_per_block == "auto":
-        rows_per_block = max(1, min(16, AUTO_THREADS // tx))
-    rows_per_block = max(1, min(rows_per_block, SPMM_MAX_THREADS // tx))
-    return {"vec": vec, "threads_per_row": tx, "rows_per_block": rows_per_block, "feat_tiles": tiles}
-
-
-def resolve_sddmm(feat: int, knobs: Mapping[str, Any]) -> Dict[str, Any]:
-    """What ``lane_groups`` makes of filled-in knobs (0: chosen from feat)."""
-    vec = knobs["vec"] or default_vec(feat)
-    if feat % vec:
-        vec = 1
-    lanes = knobs["lanes"] or default_lanes(feat, vec)
-    groups = knobs["groups"] or max(1, WARP // lanes)
-    rows_per_block = max(1, min(knobs["rows_per_block"], SDDMM_MAX_THREADS // (lanes * groups)))
-    return {"vec": vec, "lanes": lanes, "groups": groups, "threads_per_row": lanes * groups,
-            "rows_per_block": rows_per_block, "feat_tiles": 1}
+        numbers = [c for c in choices if not isinstance(c, (str, bool))]
+        if not numbers or isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < min(numbers):
+            raise ValueError(f"{op}: schedule knob {key!r} should be one of {choices}"
+                             f"{f' or an integer >= {min(numbers)}' if numbers else ''}, got {value!r}")
+    return {**templates[0].defaults(), **{k: (int(v) if isinstance(v, np.integer) else v) for k, v in knobs.items()}}
 
 
 # ------------------------------------------------------------------ features
 
 
-def _log1p(x) -> float:
-    return math.log1p(x) if x is not None else math.nan
-
-
-def _thread_blocks(op: str, layout: Layout, rows_per_block: int, slots_per_block: Optional[int]) -> int:
+def _thread_blocks(op: str, layout: Layout, knobs: Mapping[str, Any], feat: int, rows_per_block: int) -> int:
     """Thread blocks launched over all parts: SpMM groups a part's fixed-width rows into
-    ``slots_per_block / (rows_per_block * width)`` row groups per block (at most 32)."""
+    row groups a block (``resolve_rows``' coarsen)."""
     total = 0
     for rows, width in zip(layout.loop_rows, layout.widths):
-        coarsen = 1
-        if op == "spmm" and width:
-            coarsen = max(1, min(MAX_COARSEN, slots_per_block // (rows_per_block * width)))
+        coarsen = resolve_rows(feat, knobs, width)["coarsen"] if op == "spmm" and width else 1
         total += -(-rows // (rows_per_block * coarsen))
     return total
 
@@ -385,13 +398,13 @@ def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str,
         f["ell_log2_width"] = math.log2(width)
 
     if op == "spmm":
-        r = resolve_spmm(feat, knobs)
+        r = resolve_rows(feat, knobs)
         f["rows_per_block_auto"] = float(knobs["rows_per_block"] == "auto")
         f["log2_slots_per_block"] = math.log2(knobs["slots_per_block"])
         f["unroll"] = float(knobs["unroll"])
         f["interleave"] = float(knobs["interleave"])
     else:
-        r = resolve_sddmm(feat, knobs)
+        r = {**resolve_lanes(feat, knobs), "feat_tiles": 1}
         f["rows_per_block_auto"] = 0.0
         f["sddmm_lanes"] = float(r["lanes"])
         f["sddmm_groups"] = float(r["groups"])
@@ -408,12 +421,13 @@ def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str,
         f["split_frac"] = layout.split_nnz / nnz if nnz else 0.0
         f["log_ell_rows"] = math.log1p(sum(layout.loop_rows))
         f["n_parts"] = float(len(layout.loop_rows))
-        f["log_thread_blocks"] = math.log1p(r["feat_tiles"] * _thread_blocks(op, layout, r["rows_per_block"],
-                                                                              knobs.get("slots_per_block")))
+        f["log_thread_blocks"] = math.log1p(r["feat_tiles"] * _thread_blocks(op, layout, knobs, feat,
+                                                                              r["rows_per_block"]))
         f["log_work_stored"] = math.log1p(layout.stored * feat)
     f["log_work_nnz"] = math.log1p(nnz * feat)
     f["log_work_rows"] = math.log1p(ctx.rows * feat)
     f.update(derived_features(f))
+    f.update(zip((f"knob_{k}" for k, _ in KNOB_COLUMNS), knob_features(cand.get("schedule_knobs"))))
     return f
 
 

@@ -1,43 +1,50 @@
-"""The search space: format knobs x the chosen template's schedule knobs, pruned before building.
+"""The search space: format knobs x the schedule knobs of the templates that apply, pruned before building.
 
 A candidate is the runner's dict (``sparsec.tune.runner``), always with every knob written
-out: hyb's ``col_parts`` and ``buckets`` resolved, and the schedule template's knobs with
-their defaults filled in and ``rows_per_block="auto"`` resolved the way the template
-resolves it. So two spellings of one kernel are one candidate, and a record says exactly
-what ran.
+out: hyb's ``col_parts`` and ``buckets`` resolved, and the schedule knobs that take effect
+with their defaults filled in and resolved the way the template resolves them
+(``rows_per_block="auto"`` becomes the number of rows it means, an SDDMM ``lanes=0`` the
+lanes it chooses). So two spellings of one kernel are one candidate, and a record says
+exactly what ran.
 
-Pruned before anything is built (each rule names why):
+The schedule knobs are not declared here. For each format family the program is lowered
+for the target and ``sparsec.schedules.templates`` names the transformations the default
+schedule applies to it (CPU templates for ``llvm``; on CUDA the SpMM, SDDMM or Tensor Core
+template) with the shapes of the nests they run on; each knob that takes effect there
+contributes the values its declaration (``sparsec.schedules.knobs.Knob``) lists for the
+search size, and the template's own ``prune`` drops combinations that are no distinct valid
+kernel (a vector not dividing the row, a block past 1024 threads, interleave without
+coarsening, Tensor Core warp tiles that do not fit). Adding a knob to a template is an edit
+of that template only.
 
-* ``vec`` must divide the feature width, and a narrower vector is kept only while a row's
-  threads still fit in one warp (beyond that it only adds threads doing the same loads).
-* ``rows_per_block`` may not push a block past 1024 threads.
+Search strategy, decided here (each rule names why when it prunes):
+
+* a narrower ``vec`` is kept only while a row's threads still fit in one warp (beyond that
+  it only adds threads doing the same loads);
+* ``feat_tiles`` (feature slices on blockIdx.y) only while a slice keeps at least
+  :data:`MIN_TILE_FEATURES` features;
 * hyb ``col_parts`` keeps at least :data:`MIN_RANGE_COLS` columns a range (narrower ranges
   only add launches), and its widest bucket is capped at the longest (row, range) group:
-  wider buckets would be empty, the same instance as the cap.
+  wider buckets would be empty, the same instance as the cap;
 * ELL only when its padding (rows x longest row / nnz) is at most :data:`MAX_ELL_PADDING`;
   BSR only when blocks are at least :data:`MIN_BSR_FILL` full.
-* ``interleave`` only when some bucket is coarsened (several row groups a block).
-* ``feat_tiles`` (feature slices on blockIdx.y) only while a slice keeps at least
-  :data:`MIN_TILE_FEATURES` features.
-
-Fixed-width rows take at most 128 slots a block in the full space: on the H200 graphs log
-(784 measurements, 49 cases) no candidate with 256, 512 or 1024 slots came within 3 % of
-its case's best, and they were the slowest to build (most of the build timeouts).
-
-``feat_tiles`` came after the first logs: a candidate writes it out only when it is not 1,
-so the kernels logged before it keep their identity (``--resume``, the committed tables).
 """
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from .. import ops
 from ..formats import hyb as hyb_format
+from ..formats import make_format
 from ..formats.choose import default_format
 from ..formats.convert import as_csr
-from .features import resolve_spmm
+from ..lower import lower_program
+from ..schedules import features_over_threads, templates
+from ..targets import parse_target
 from .signature import matrix_stats
 
 MIN_RANGE_COLS = 1024
@@ -49,33 +56,25 @@ HYB_COL_PARTS = (1, 2, 4, 8, 16)
 HYB_MAX_BUCKETS = (4, 8, 16, 32, 64, 128)
 FAMILIES = ("csr", "hyb", "ell", "bsr")
 SIZES = ("full", "small")
-
-# SpMM template (schedules.cuda.features_over_threads): knobs by row shape
-SPMM_DEFAULTS = {"rows_per_block": "auto", "vec": 4, "slots_per_block": 64, "unroll": 2, "interleave": 1}
-SPMM_DYNAMIC = {"rows_per_block": ("auto", 1, 2, 4, 8, 16), "vec": (4, 2, 1), "unroll": (1, 2, 4, 8),
-                "feat_tiles": (1, 2, 4, 8)}
-SPMM_FIXED = {"rows_per_block": ("auto", 1, 2, 4), "vec": (4, 2, 1), "slots_per_block": (64, 128),
-              "interleave": (1, 0), "feat_tiles": (1, 2, 4, 8)}
-SPMM_DYNAMIC_SMALL = {"rows_per_block": ("auto", 1, 2, 4, 8), "vec": (4,), "unroll": (1, 2, 4)}
-SPMM_FIXED_SMALL = {"rows_per_block": ("auto", 1), "vec": (4,), "slots_per_block": (64, 512), "interleave": (1, 0)}
-# SDDMM template (schedules.cuda_sddmm.lane_groups); 0 = the template's automatic choice
-SDDMM_DEFAULTS = {"lanes": 0, "vec": 0, "groups": 0, "rows_per_block": 4}
-SDDMM_KNOBS = {"lanes": (0, 4, 8, 16, 32), "vec": (0, 4), "groups": (0, 1, 2, 4), "rows_per_block": (4, 1, 2, 8)}
-SDDMM_KNOBS_SMALL = {"lanes": (0, 8, 32), "vec": (0,), "groups": (0, 1, 4), "rows_per_block": (4, 1, 8)}
-
-MAX_THREADS = 1024  # as in schedules.cuda
+# hyb's parts have rows of a fixed width whatever its parameters: its schedule knobs are
+# read from this small instance of it
+HYB_SHAPE_SPEC = "hyb:1:1/2"
 
 
 def feature_slices(feat: int) -> List[int]:
     """The ``feat_tiles`` values worth building at width ``feat``: dividing it, and leaving
     at least :data:`MIN_TILE_FEATURES` features a slice."""
-    return [t for t in SPMM_FIXED["feat_tiles"] if feat % t == 0 and (t == 1 or feat // t >= MIN_TILE_FEATURES)]
+    return [t for t in features_over_threads.knobs["feat_tiles"].choices
+            if feat % t == 0 and (t == 1 or feat // t >= MIN_TILE_FEATURES)]
 
 
-def _resolved(rows_per_block, feat: int, vec: int, feat_tiles: int):
-    """(rows a block takes, threads a row), as ``features_over_threads`` resolves its knobs."""
-    r = resolve_spmm(feat, {"rows_per_block": rows_per_block, "vec": vec, "feat_tiles": feat_tiles})
-    return r["rows_per_block"], r["threads_per_row"]
+@lru_cache(maxsize=256)
+def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str):
+    """The transformations (``schedules.plan.Use``) that schedule ``op`` over the format
+    ``spec`` at width ``feat`` on ``target_kind``, read off the lowered program."""
+    _, program = lower_program(ops.get(op), make_format(spec), {"feat": feat}, dtype,
+                               atomics=target_kind == "cuda")
+    return tuple(templates(program, target_kind))
 
 
 def candidate(op: str, fmt: str, feat: int, dtype: str = "float32", format_knobs=None, schedule_knobs=None) -> dict:
@@ -104,10 +103,12 @@ def describe(c: dict) -> str:
 
 
 class Space:
-    """Every unpruned candidate for one (op, matrix, feature width, dtype)."""
+    """Every unpruned candidate for one (op, matrix, feature width, dtype) on ``target``
+    (``llvm`` or a cuda target: the templates, hence the schedule knobs, differ)."""
 
     def __init__(self, op: str, matrix, feat: int, dtype: str = "float32",
-                 families: Optional[Sequence[str]] = None, size: str = "full", stats: Optional[dict] = None):
+                 families: Optional[Sequence[str]] = None, size: str = "full", stats: Optional[dict] = None,
+                 target: str = "cuda"):
         if op not in ("spmm", "sddmm"):
             raise ValueError(f"the tuner handles spmm and sddmm, got {op!r}")
         if isinstance(feat, bool) or not isinstance(feat, (int, np.integer)) or feat < 1:
@@ -120,6 +121,8 @@ class Space:
             raise ValueError(f"unknown format famil{'ies' if len(unknown) > 1 else 'y'} {unknown}; "
                              f"the tuner searches {list(FAMILIES)}")
         self.op, self.feat, self.dtype, self.size = op, int(feat), dtype, size
+        self.target = target
+        self.target_kind = parse_target(target).kind
         self.matrix = as_csr(matrix)
         self.stats = stats or matrix_stats(self.matrix)
         self.families = families
@@ -137,24 +140,30 @@ class Space:
     def _default(self) -> dict:
         fam = default_format(self.op, self.stats, self.feat)
         fk = self.hyb_knobs(*hyb_format.choose_params(self.matrix)) if fam == "hyb" else {}
-        return candidate(self.op, fam, self.feat, self.dtype, fk, self._fill_defaults({}, fam))
+        return candidate(self.op, fam, self.feat, self.dtype, fk, self._written({}, self._uses(fam), resolve_all=True))
 
-    def _fill_defaults(self, knobs: dict, fam: str) -> dict:
-        if self.op == "sddmm":
-            return {**SDDMM_DEFAULTS, **knobs}
-        k = {**SPMM_DEFAULTS, **knobs}
-        tiles = k.pop("feat_tiles", 1)
-        if tiles != 1:
-            k["feat_tiles"] = tiles
-        width = self.feat // tiles
-        vec = k["vec"] if width % k["vec"] == 0 else 1
-        k["vec"] = vec
-        k["rows_per_block"], _ = _resolved(k["rows_per_block"], self.feat, vec, tiles)
-        if fam == "csr":  # dynamic rows: slots and interleave do not apply
-            k.pop("slots_per_block"), k.pop("interleave")
-        else:  # fixed-width rows are unrolled fully: unroll does not apply
-            k.pop("unroll")
-        return k
+    def _uses(self, fam: str):
+        """The templates that schedule format ``fam`` (a spec such as ``bsr:4x4``) here."""
+        family = fam.split(":")[0]
+        spec = {"hyb": HYB_SHAPE_SPEC, "ell": f"ell:{max(int(self.stats['row_len_max']), 1)}"}.get(family, fam)
+        return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind)
+
+    def _written(self, knobs: dict, uses, resolve_all: bool = False) -> dict:
+        """``knobs`` with the defaults of every knob that takes effect filled in, resolved as
+        the template resolves them (where that names one of the knob's choices), and knobs
+        declared ``omit_default`` left out at their default. ``resolve_all``: resolve from
+        the template's own defaults (the untuned kernel), not from the filled-in values."""
+        out = {}
+        for u in uses:
+            t = u.transformation
+            mine = {k: knobs.get(k, t.knobs[k].default) for k in u.knobs}
+            resolved = t.resolve(u.subjects[0], {} if resolve_all else mine) if t.resolve else {}
+            for k in u.knobs:
+                v = resolved.get(k, mine[k])
+                out[k] = v if v in t.knobs[k].choices else mine[k]
+                if t.knobs[k].omit_default and out[k] == t.knobs[k].default:
+                    del out[k]
+        return out
 
     # ---- enumeration ------------------------------------------------------------------------
     def _enumerate(self) -> List[dict]:
@@ -233,37 +242,44 @@ class Space:
         return m.nnz / (keys.size * b * b)
 
     def _schedules(self, fam: str) -> Iterable[dict]:
-        if self.op == "sddmm":
-            grid = SDDMM_KNOBS_SMALL if self.size == "small" else SDDMM_KNOBS
-            for k in _product(grid):
-                yield {**SDDMM_DEFAULTS, **k}
-            return
-        dynamic = fam == "csr"
-        if dynamic:
-            grid = SPMM_DYNAMIC_SMALL if self.size == "small" else SPMM_DYNAMIC
-        else:
-            grid = SPMM_FIXED_SMALL if self.size == "small" else SPMM_FIXED
-        for k in _product(grid):
-            vec, tiles = k["vec"], k.get("feat_tiles", 1)
-            if tiles not in feature_slices(self.feat):
-                self._prune(f"feat_tiles not cutting F into slices of at least {MIN_TILE_FEATURES}")
+        uses = self._uses(fam)
+        knobs, grid = {}, {}
+        for u in uses:
+            for k in u.knobs:
+                knobs.setdefault(k, u.transformation.knobs[k])
+                shapes = [s for v in uses if k in v.knobs for s in v.shapes]
+                grid[k] = knobs[k].grid(self.size, shapes)
+        for combo in _product(grid):
+            why = self._strategy(combo, uses) or self._template_prune(combo, uses)
+            if why:
+                self._prune(why)
                 continue
-            width = self.feat // tiles
-            if width % vec:
-                self._prune("vec does not divide the feature width")
+            yield self._written(combo, uses)
+
+    def _strategy(self, k: dict, uses) -> Optional[str]:
+        """Search-strategy pruning of the SpMM template's knobs (the module docstring says why)."""
+        if not any(u.transformation.name == features_over_threads.name for u in uses):
+            return None
+        tiles = k.get("feat_tiles", 1)
+        if tiles not in feature_slices(self.feat):
+            return f"feat_tiles not cutting F into slices of at least {MIN_TILE_FEATURES}"
+        width, vec = self.feat // tiles, k.get("vec", 4)
+        if width % vec == 0 and vec < 4 and width % (vec * 2) == 0 and width // (vec * 2) >= 32:
+            return "narrower vec past a warp of threads a row"
+        return None
+
+    @staticmethod
+    def _template_prune(k: dict, uses) -> Optional[str]:
+        for u in uses:
+            t = u.transformation
+            if t.prune is None:
                 continue
-            if vec < 4 and width % (vec * 2) == 0 and width // (vec * 2) >= 32:
-                self._prune("narrower vec past a warp of threads a row")
-                continue
-            _, tx = _resolved(k["rows_per_block"], self.feat, vec, tiles)
-            if k["rows_per_block"] != "auto" and int(k["rows_per_block"]) * tx > MAX_THREADS:
-                self._prune("more than 1024 threads a block")
-                continue
-            k = self._fill_defaults(k, fam)
-            if not dynamic and k["interleave"] == 0 and k["slots_per_block"] <= k["rows_per_block"]:
-                self._prune("interleave without coarsening")
-                continue
-            yield k
+            mine = {n: k[n] for n in u.knobs}
+            for subject in u.subjects:
+                why = t.prune(subject, mine)
+                if why:
+                    return f"{t.name}: {why}"
+        return None
 
 
 def _product(grid: Dict[str, Sequence[Any]]) -> Iterable[dict]:

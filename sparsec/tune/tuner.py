@@ -127,7 +127,7 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
               runner, transfer, device, inject, on_trial, on_case) -> CaseResult:
     t0 = time.perf_counter()
     ctx = MatrixContext(case.matrix)
-    space = Space(op, ctx.matrix, case.feat, dtype, families=families, size=size, stats=ctx.stats)
+    space = Space(op, ctx.matrix, case.feat, dtype, families=families, size=size, stats=ctx.stats, target=target)
     if on_case:
         on_case(case, len(space))
     logged = R.load(log) if os.path.exists(log) else []

@@ -1,0 +1,44 @@
+"""Which transformations schedule a program on a target, found without scheduling it.
+
+The default schedules (``default_cpu``, ``default_cuda``, the Tensor Core template) decide
+per nest which transformation runs; :func:`templates` gives the same answer as data, so
+that the tuner derives its search space from the declarations (``schedules.knobs``)
+instead of declaring knobs again: each transformation with the shapes of the nests it
+schedules and the subjects it is applied to (nests, or the whole program for the Tensor
+Core template), which its ``prune`` and ``resolve`` take.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+from . import cpu, cuda, tensorcore
+from .knobs import ANY, Transformation, group
+
+TARGET_KINDS = ("llvm", "cuda")
+
+
+@dataclass(frozen=True)
+class Use:
+    """One transformation of a program's schedule, with the shapes of the nests it runs on."""
+
+    transformation: Transformation
+    shapes: Tuple[str, ...]
+    subjects: Tuple[Any, ...]
+
+    @property
+    def knobs(self) -> Tuple[str, ...]:
+        """The knobs that take effect here."""
+        return self.transformation.knobs_for(self.shapes)
+
+
+def templates(program, target_kind: str, knobs: Optional[dict] = None) -> List[Use]:
+    """The transformations the default schedule applies to ``program`` on ``target_kind``
+    ("llvm" or "cuda"); ``knobs`` as far as they decide the template (the Tensor Core
+    template's ``n_tile``)."""
+    if target_kind not in TARGET_KINDS:
+        raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
+    if tensorcore.applies(program, target_kind, knobs):
+        return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]
+    steps = cpu.plan(program) if target_kind == "llvm" else cuda.plan(program)
+    return [Use(t, shapes, nests) for t, shapes, nests in group(steps)]
