@@ -62,6 +62,12 @@ class Axis:
             raise ValueError(f"axis {self.name}: kind should be one of {[k.__name__ for k in AXIS_KINDS]}, "
                              f"got {self.kind!r}")
 
+    @property
+    def structural(self) -> bool:
+        """True for the axes of the sparse structure (a row axis with children, or a child):
+        schedules ask it to tell a dense feature axis from the structure's own."""
+        return self.parent is not None or self.extent is None
+
     def __repr__(self):
         return f"{self.kind.__name__}({self.name})"
 
