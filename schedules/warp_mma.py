@@ -23,11 +23,6 @@ def check_knobs(knobs: Dict[str, int], choices: Dict[str, Sequence[int]]):
         check_choice(name, value, sorted(choices[name]))
 
 
-def default_knobs(choices: Dict[str, Sequence[int]]) -> Dict[str, int]:
-    """The first choice of every knob (each kernel lists its default first)."""
-    return {k: v[0] for k, v in choices.items()}
-
-
 def compile_for(func, arch: str):
     """The TVM executable of ``func`` for CUDA ``arch`` (sm_80, sm_90a, ...)."""
     import tvm
