@@ -140,6 +140,7 @@ def copy_macros(p: Plan) -> SimpleNamespace:
 
     @T.macro
     def load_a_checked(Sm, A, bm0, q, s, tid):
+        """Stage ``q`` of A into shared stage ``s``, each chunk's row and column checked."""
         for it in T.unroll(p.a_it):
             ch = it * p.NT + tid
             if ch < p.BM * p.CA:
