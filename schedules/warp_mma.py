@@ -19,6 +19,10 @@ def check_choice(name: str, value, choices: Sequence):
 
 
 def check_knobs(knobs: Dict[str, int], choices: Dict[str, Sequence[int]]):
+    """Every knob one the kernel has, set to one of its choices; else ValueError naming it."""
+    unknown = sorted(set(knobs) - set(choices))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown}: this kernel's knobs are {list(choices)}")
     for name, value in knobs.items():
         check_choice(name, value, sorted(choices[name]))
 

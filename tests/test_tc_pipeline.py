@@ -84,6 +84,7 @@ def test_swizzle_permutes_chunks_and_spreads_eight_rows_over_the_banks(chunks):
     ({"k_steps": 1}, "k_steps should be one of"),
     ({"dtype": "float32"}, "dtype should be one of"),
     ({"M": 0}, "M should be a positive int"),
+    ({"bogus": 1}, r"unknown knob\(s\) \['bogus'\]: this kernel's knobs are \['warps_m', "),
 ])
 def test_bad_arguments_name_the_problem(kwargs, match):
     args = {"mode": "sp24", "M": 256, "K": 768, "N": 64, **kwargs}
