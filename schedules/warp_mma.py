@@ -19,13 +19,12 @@ def check_choice(name: str, value, choices: Sequence):
 
 
 def check_knobs(knobs: Dict[str, int], choices: Dict[str, Sequence[int]]):
+    """Every knob one the kernel has, set to one of its choices; else ValueError naming it."""
+    unknown = sorted(set(knobs) - set(choices))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown}: this kernel's knobs are {list(choices)}")
     for name, value in knobs.items():
         check_choice(name, value, sorted(choices[name]))
-
-
-def default_knobs(choices: Dict[str, Sequence[int]]) -> Dict[str, int]:
-    """The first choice of every knob (each kernel lists its default first)."""
-    return {k: v[0] for k, v in choices.items()}
 
 
 def compile_for(func, arch: str):

@@ -68,10 +68,10 @@ def test_check_names_what_would_mislead_the_kernel():
 @pytest.mark.parametrize("chunks", [2, 4, 8, 16, 32])
 def test_swizzle_permutes_chunks_and_spreads_eight_rows_over_the_banks(chunks):
     for row in range(64):
-        assert sorted(tp._swizzle(row, c, chunks) for c in range(chunks)) == list(range(chunks))
+        assert sorted(tp.swizzle(row, c, chunks) for c in range(chunks)) == list(range(chunks))
     for r0 in range(0, 64, 8):
         for c in range(chunks):
-            groups = {((r * chunks + tp._swizzle(r, c, chunks)) * 16) % 128 for r in range(r0, r0 + 8)}
+            groups = {((r * chunks + tp.swizzle(r, c, chunks)) * 16) % 128 for r in range(r0, r0 + 8)}
             assert len(groups) == 8  # one ldmatrix phase: 8 rows, 8 distinct 16-byte bank groups
 
 
@@ -84,6 +84,7 @@ def test_swizzle_permutes_chunks_and_spreads_eight_rows_over_the_banks(chunks):
     ({"k_steps": 1}, "k_steps should be one of"),
     ({"dtype": "float32"}, "dtype should be one of"),
     ({"M": 0}, "M should be a positive int"),
+    ({"bogus": 1}, r"unknown knob\(s\) \['bogus'\]: this kernel's knobs are \['warps_m', "),
 ])
 def test_bad_arguments_name_the_problem(kwargs, match):
     args = {"mode": "sp24", "M": 256, "K": 768, "N": 64, **kwargs}
@@ -169,3 +170,20 @@ def test_epilogue_adds_bias_applies_gelu_and_can_write_c_transposed(mode):
 def test_unknown_activation_is_named():
     with pytest.raises(ValueError, match="activation should be one of"):
         tp.spmm("gather", 128, 64, 64, vec=128, kc=16, activation="swish")
+
+
+def test_plan_skips_the_bounds_checks_only_where_the_shape_fills_the_tiles():
+    """The plan decides, once, which copies and stores the emitted kernel may leave unguarded."""
+    full = tp.make_plan("sp24", 256, 768, 512, dtype="float16", out_dtype="float16", vec=0, kc=0, bias=False,
+                        activation="none", transpose_c=False, knobs={})
+    assert (full.BM, full.BN, full.NT) == (128, 64, 128) and full.nk == 768 // 64
+    assert full.fast_a and full.fast_b and full.staged and full.k_full and full.m_full and full.n_full
+    odd = tp.make_plan("gather", 37, 70, 13, dtype="float16", out_dtype="float16", vec=128, kc=16, bias=True,
+                       activation="relu", transpose_c=False, knobs={"frag_sets": 1})
+    assert not (odd.aligned or odd.fast_a or odd.fast_b or odd.staged or odd.m_full or odd.n_full)
+    assert odd.e_shape == (1, 16) and odd.a_rows == 128 and odd.frag_sets == 1
+    # transposed C is stored along M: 37 rows cannot take whole 16-byte chunks either
+    assert not tp.make_plan("sp24", 37, 70, 16, dtype="float16", out_dtype="float16", vec=0, kc=0, bias=False,
+                            activation="none", transpose_c=True, knobs={}).staged
+    with pytest.raises(AttributeError):
+        full.BM = 64  # frozen: the emitting modules only read it
