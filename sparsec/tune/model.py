@@ -213,7 +213,7 @@ def training_rows(records: Iterable[Any], exclude_signature: Optional[str] = Non
     for r in reversed(records):
         if r.status != "ok" or not r.time_ms or r.signature == exclude_signature:
             continue
-        x = stored_row(r.extra.get(FEATURES_KEY))
+        x = stored_row(r.extra.get(FEATURES_KEY), r.schedule_knobs)  # knob columns from the knobs, not by position
         if x is None:
             continue
         rows.append(x)
