@@ -3,7 +3,23 @@
 ``Format`` is a declaration: a name, a chain of axes (``formats.axes``) and the knobs
 that shaped it (block size, width). ``FormatInstance`` is one matrix stored in a
 format: flat int32 index arrays named by the axes, and one flat value array with a
-slot per stored position (padding slots hold 0 and are marked by index -1).
+slot per stored position.
+
+Padding. An operator's value is defined on the matrix's coordinates (its logical pattern:
+the entries the user gave, explicit zeros included), never on the slots a format happens
+to store. A stored slot that is not a coordinate is *padding* and holds 0. Formats mark it
+in one of two ways, both readable by lowering:
+
+  * a sentinel index -1 in a sparse axis (``Axis.padded``: ELL/rell/hyb rows, N:M windows
+    short of N, SR-BCRS rows padded to the stride), and coordinates past the logical edge
+    (axes of ``scale`` > 1), which stage II guards from the indices alone;
+  * a *slot mask* for padding inside dense inner slots, which no index can mark (the
+    implicit zeros of a BSR block, the rows of an N:M or SR-BCRS vector that lack a column
+    another row of the vector has): ``Format.slot_mask`` names a uint8 array of the
+    instance, one byte per stored slot laid out like the values (1 = a coordinate of the
+    matrix, 0 = padding), made by ``convert`` from the input's pattern. Stage III maps it
+    exactly like the value array. Formats without such padding (csr, ell, rell, hyb's
+    buckets, N:M with V = 1) have no mask, and their kernels no mask parameter.
 
 Lowering reads only ``Format.axes`` and the array names; conversions, validation and
 statistics live in the per-format modules (``csr.py``, ``bsr.py``, ``ell.py``).
@@ -49,6 +65,9 @@ class Format:
     #   value_bits 4: int4, two values per int8 byte, the even slot in the low nibble.
     value_chunk: int = 0
     value_bits: int = 0
+    # the name of the instance's slot-mask array (see the module docstring), "" when every
+    # in-range slot with a valid index is a coordinate of the matrix
+    slot_mask: str = ""
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
@@ -149,7 +168,8 @@ class FormatInstance:
 
     def stored_coords(self) -> Tuple[np.ndarray, np.ndarray]:
         """(row, col) of every stored slot, aligned with ``data``; -1 marks a slot that is
-        not part of the matrix (padding, or past the edge of the logical shape)."""
+        not part of the matrix (padding: a -1 index, a 0 in the slot mask, or past the edge
+        of the logical shape)."""
         if self._coords is None:
             self._coords = _family(self.format).stored_coords(self)
         return self._coords
@@ -158,9 +178,18 @@ class FormatInstance:
         rows, _ = self.stored_coords()
         return rows >= 0
 
+    def slot_mask(self) -> np.ndarray:
+        """The uint8 slot mask a kernel of a masked format takes (``Format.slot_mask``): the
+        array ``convert`` made, or, for an instance built without one, 1 for every in-range
+        slot with a valid index (each stored slot is then a coordinate)."""
+        name = self.format.slot_mask
+        if name and name in self.arrays:
+            return self.arrays[name]
+        return self.valid_slots().astype(np.uint8)
+
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
-        """The stored entries as a canonical scipy CSR matrix (explicit zeros inside blocks
-        are kept, padding is dropped). ``values`` replaces ``data`` (e.g. an SDDMM output)."""
+        """The matrix's entries (its logical pattern) as a canonical scipy CSR matrix: explicit
+        zeros the input stored are kept, padding (see the module docstring) is dropped. ``values`` replaces ``data`` (e.g. an SDDMM output)."""
         vals = self.slot_values() if values is None else np.asarray(values).reshape(-1)
         if vals.size != self.stored:
             raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
@@ -207,3 +236,34 @@ class FormatInstance:
         if dtype.name not in SUPPORTED_VALUE_DTYPES:
             raise TypeError(f"value dtype should be one of {SUPPORTED_VALUE_DTYPES}, got {dtype.name}")
         return self.with_data(self.data.astype(dtype))
+
+
+def masked_coords(inst: "FormatInstance", rows: np.ndarray, cols: np.ndarray):
+    """``(rows, cols)`` with the slots the instance's slot mask marks as padding set to -1
+    (for the families' ``stored_coords``; unchanged without a mask)."""
+    name = inst.format.slot_mask
+    mask = inst.arrays.get(name) if name else None
+    if mask is None:
+        return rows, cols
+    if mask.size != rows.size:
+        raise ValueError(f"slot mask {name!r} should have one entry per stored slot ({rows.size}), got {mask.size}")
+    pad = mask == 0
+    rows, cols = rows.copy(), cols.copy()
+    rows[pad] = -1
+    cols[pad] = -1
+    return rows, cols
+
+
+def check_slot_mask(inst: "FormatInstance") -> None:
+    """O(1): the slot mask, when the instance has one, is a C-contiguous 1-D uint8 array with
+    one entry per stored slot (an instance built without one uses ``slot_mask()``'s default)."""
+    name = inst.format.slot_mask
+    mask = inst.arrays.get(name) if name else None
+    if mask is None:
+        return
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8 or mask.ndim != 1 or not mask.flags.c_contiguous:
+        desc = f"{mask.dtype.name} {mask.ndim}-D" if isinstance(mask, np.ndarray) else type(mask).__name__
+        raise ValueError(f"arrays[{name!r}] (the slot mask) should be a contiguous 1-D uint8 array, got {desc}")
+    if mask.size != inst.stored:
+        raise ValueError(f"arrays[{name!r}] (the slot mask) should have one entry per stored slot ({inst.stored}), "
+                         f"got {mask.size}")

@@ -4,6 +4,12 @@ Blocks turn scattered non-zeros into small dense tiles that map onto vector/tens
 units. r and c are independent, and the logical shape need not be a multiple of them:
 edge blocks are padded, and slots past the logical edge hold 0 (their stored
 coordinates are -1). Block columns are sorted within each block row.
+
+A block's slots that hold no entry of the matrix are padding, not zeros of the matrix:
+``arrays["valid"]`` (the format's ``slot_mask``, uint8, laid out like ``data``) is 1 at the
+slots the input stored — explicit zeros included — and 0 elsewhere, so that an operator
+that is not linear in A (a softmax, a row max, a division by a row sum) sees only the
+matrix's coordinates (``formats.base``).
 """
 from __future__ import annotations
 
@@ -13,11 +19,12 @@ import numpy as np
 
 from . import validate as V
 from .axes import DenseFixed, SparseVariable
-from .base import Format, FormatInstance
+from .base import Format, FormatInstance, check_slot_mask, masked_coords
 from .convert import canonical_csr
 from .stats import summarize
 
 NAME = "bsr"
+MASK = "valid"  # the slot mask's array name (formats.base)
 DESCRIPTION = "block sparse rows: r x c dense blocks (any r, c; edges padded), sorted block columns"
 
 
@@ -51,7 +58,7 @@ def declare(block) -> Format:
         SparseVariable("jo", dim=1, scale=c, indptr="indptr", indices="indices"),
         DenseFixed("ii", dim=0, extent=r),
         DenseFixed("ji", dim=1, extent=c),
-    ), (("block", (r, c)),))
+    ), (("block", (r, c)),), slot_mask=MASK)
 
 
 def from_matrix(matrix, *, shape=None, dtype=None, block=None) -> FormatInstance:
@@ -68,11 +75,14 @@ def from_matrix(matrix, *, shape=None, dtype=None, block=None) -> FormatInstance
     keys, which = np.unique(key, return_inverse=True)
     blocks = np.zeros((keys.size, r, c), dtype=m.data.dtype)
     blocks[which.reshape(-1), rows % r, cols % c] = m.data
+    valid = np.zeros((keys.size, r, c), dtype=np.uint8)
+    valid[which.reshape(-1), rows % r, cols % c] = 1
     counts = np.bincount(keys // NB, minlength=MB) if keys.size else np.zeros(MB, np.int64)
     indptr = np.zeros(MB + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     arrays = {"indptr": V.check_index(indptr, "indptr", nnz=m.nnz, shape=(M, N)),
-              "indices": V.check_index(keys % NB if NB else keys, "indices", nnz=m.nnz, shape=(M, N))}
+              "indices": V.check_index(keys % NB if NB else keys, "indices", nnz=m.nnz, shape=(M, N)),
+              MASK: valid.reshape(-1)}
     inst = FormatInstance(declare((r, c)), (int(M), int(N)), arrays, blocks.reshape(-1), int(m.nnz))
     inst.conversion_s = time.perf_counter() - t0
     check(inst)
@@ -96,7 +106,7 @@ def stored_coords(inst: FormatInstance):
     rows, cols = rows.copy(), cols.copy()
     rows[outside] = -1
     cols[outside] = -1
-    return rows, cols
+    return masked_coords(inst, rows, cols)
 
 
 def check(inst: FormatInstance, full: bool = False) -> None:
@@ -113,6 +123,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     if inst.data.size != indices.size * r * c:
         raise ValueError(f"data should have blocks * r * c = {indices.size} * {r} * {c} = "
                          f"{indices.size * r * c} values, got {inst.data.size}")
+    check_slot_mask(inst)
     if full:
         V.check_indptr(indptr, MB, indices.size, major="block row")
         V.check_range(indices, NB, V.major_ids(indptr), minor="block column", major="block row")

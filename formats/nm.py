@@ -23,6 +23,12 @@ unused slots follow them. ``data`` is flat: ``data[pos_s]`` (V = 1) or
 ``data[pos_s*V + ii]`` (V > 1). Rows past the edge of the last row vector and columns
 of the last, partial window past ``cols`` are never real entries.
 
+Padding (``formats.base``): an unused slot (index -1) is padding; so, for V > 1, is the value
+of a row of the vector that lacks a column another of its rows has (``from_matrix`` stores
+the union of the V rows' columns). Those are marked by ``arrays["valid"]``, the format's
+``slot_mask`` (uint8, laid out like ``data``; V > 1 only). ``prune`` keeps whole column
+vectors, so every in-range value of a kept vector is an entry there.
+
 Parameters are ``(("n", N), ("m", M))``, plus ``("vec", V)`` when V > 1.
 Spec grammar (``parse_spec``): ``N <sep> M [<sep> VEC]`` where ``<sep>`` is ``:`` or
 ``,`` and VEC is ``V``, ``vV``, ``v=V`` or ``vec=V`` -- ``nm:2:4``, ``nm:1:8``,
@@ -80,7 +86,7 @@ import scipy.sparse as sp
 
 from . import validate as V
 from .axes import DenseFixed, SparseFixed
-from .base import Format, FormatInstance
+from .base import Format, FormatInstance, check_slot_mask, masked_coords
 from .convert import as_csr, canonical_csr
 from .stats import summarize
 
@@ -88,6 +94,7 @@ NAME = "nm"
 DESCRIPTION = ("N:M structured sparsity along columns: N slots per window of M columns "
                "(element-wise or V-row vectors; 2:4 also in mma.sp layout)")
 
+MASK = "valid"  # the slot mask's array name (V > 1)
 VECTOR_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # 64 and 128: one Tensor Core block tile shares a pattern
 MAX_M = 256
 
@@ -146,7 +153,7 @@ def declare(n=None, m=None, vec=1) -> Format:
             DenseFixed("w", dim=1, scale=m, extent=None),
             SparseFixed("s", dim=1, width=n, indices="indices"),
             DenseFixed("ii", dim=0, extent=vec))
-    return Format(NAME, axes, (("n", n), ("m", m), ("vec", vec)))
+    return Format(NAME, axes, (("n", n), ("m", m), ("vec", vec)), slot_mask=MASK)
 
 
 def _nmv(inst_or_fmt):
@@ -177,10 +184,13 @@ def _window_error(n, m, vec, shape, key, count):
                       f"share one pattern)")
 
 
-def _finish(n, m, vec, shape, indices, data, nnz, t0) -> FormatInstance:
+def _finish(n, m, vec, shape, indices, data, nnz, t0, valid=None) -> FormatInstance:
+    """The instance; ``valid`` (V > 1): the slot mask, default every in-range used slot."""
     inst = FormatInstance(declare(n, m, vec), (int(shape[0]), int(shape[1])),
                           {"indices": np.ascontiguousarray(indices, dtype=np.int32)},
                           np.ascontiguousarray(data), int(nnz))
+    if vec > 1:
+        inst.arrays[MASK] = (stored_coords(inst)[0] >= 0).astype(np.uint8) if valid is None else valid
     hw = mma_arrays(inst)
     if hw is not None:
         inst.arrays["mma_values"], inst.arrays["mma_meta"] = hw
@@ -216,8 +226,13 @@ def from_matrix(matrix, *, n=None, m=None, vec=1, shape=None, dtype=None) -> For
     indices = np.full(nwin * n, -1, np.int32)
     indices[uslot] = ukeys % m
     data = np.zeros(nwin * n * vec, c.data.dtype)
-    data[uslot[which.reshape(-1)] * vec + rowid % vec] = c.data
-    return _finish(n, m, vec, shp, indices, data, c.nnz, t0)
+    where = uslot[which.reshape(-1)] * vec + rowid % vec
+    data[where] = c.data
+    valid = None
+    if vec > 1:
+        valid = np.zeros(nwin * n * vec, np.uint8)
+        valid[where] = 1
+    return _finish(n, m, vec, shp, indices, data, c.nnz, t0, valid)
 
 
 def _densify(x, dtype):
@@ -298,7 +313,7 @@ def stored_coords(inst: FormatInstance):
     bad = (idx < 0) | (c >= cols) | (r0 >= rows)
     r0[bad] = -1
     c[bad] = -1
-    return r0, c
+    return masked_coords(inst, r0, c)
 
 
 # ---------------------------------------------------------------- checks
@@ -320,6 +335,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     if inst.data.size != want * vec:
         raise ValueError(f"data should have {want * vec} values (one per slot{' per vector row' if vec > 1 else ''}), "
                          f"got {inst.data.size}")
+    check_slot_mask(inst)
     hw = ("mma_values" in inst.arrays, "mma_meta" in inst.arrays)
     if any(hw) and not all(hw):
         raise ValueError("arrays should hold both mma_values and mma_meta or neither, got one")

@@ -34,6 +34,12 @@ group is stored at position ``SHUFFLE_DEST[j] = (j % 2) * 4 + j // 2``, i.e. pos
 permutation). Unlike Magicube, the values are permuted with their columns, so every slot's
 value belongs to its column and no consumer depends on the order.
 
+Padding (``formats.base``): a slot with index -1, a row past the logical edge, and the value
+of a row of a vector row that lacks a column another of its rows has (the slots store the
+union of the V rows' columns). The last kind is marked by ``arrays["valid"]``, the format's
+``slot_mask``: uint8, one byte per value slot in value order (int4: unpacked order), 1 at the
+entries the input stored (explicit zeros included).
+
 ``unpack_values(inst)`` gives one value per slot in value order (int8 for int8/int4,
 float16), aligned with ``inst.stored_coords()``. Integer precisions need integer
 values in range; ``quantize(matrix, bits)`` makes them (symmetric, per tensor).
@@ -48,7 +54,7 @@ import scipy.sparse as sp
 
 from . import validate as Vd
 from .axes import DenseFixed, SparseVariable
-from .base import Format, FormatInstance
+from .base import Format, FormatInstance, check_slot_mask, masked_coords
 from .convert import as_csr, canonical_csr
 from .stats import summarize
 
@@ -57,6 +63,7 @@ DESCRIPTION = ("Magicube's strided row-major BCRS: V-row column vectors (V=2/4/8
                "(16 int8/fp16, 32 int4), values V x stride row-major per chunk; int8, int4 (packed) or float16")
 
 VECS = (2, 4, 8)
+MASK = "valid"  # the slot mask's array name (formats.base)
 DTYPES = ("int8", "int4", "float16")
 STRIDES = {"int8": 16, "float16": 16, "int4": 32}
 INT_RANGE = {"int8": (-128, 127), "int4": (-8, 7)}
@@ -142,7 +149,8 @@ def declare(vec=None, dtype=None) -> Format:
         DenseFixed("io", dim=0, scale=v),
         SparseVariable("j", dim=1, indptr="indptr", indices="indices", padded=True),
         DenseFixed("ii", dim=0, extent=v),
-    ), (("vec", v), ("dtype", d)), value_chunk=stride, value_bits=4 if d == "int4" else 0)
+    ), (("vec", v), ("dtype", d)), value_chunk=stride, value_bits=4 if d == "int4" else 0,
+                  slot_mask=MASK)
 
 
 def _params(inst_or_fmt):
@@ -256,13 +264,17 @@ def from_matrix(matrix, *, vec=None, dtype=None, shape=None) -> FormatInstance:
     indices[slot] = ucol
     p = slot[which]
     values = np.zeros(n_slots * v, dtype=np.int8 if d != "float16" else np.float16)
-    values[(p // S) * (S * v) + (rows % v) * S + p % S] = vals
+    where = (p // S) * (S * v) + (rows % v) * S + p % S
+    values[where] = vals
+    valid = np.zeros(n_slots * v, dtype=np.uint8)
+    valid[where] = 1
     row_offsets = np.empty(2 * mv, np.int64)
     row_offsets[0::2] = indptr[:-1]
     row_offsets[1::2] = indptr[:-1] + nv
     arrays = {"indptr": Vd.check_index(indptr, "indptr", nnz=m.nnz, shape=(M, N)),
               "indices": indices,
-              "row_offsets": Vd.check_index(row_offsets, "row_offsets", nnz=m.nnz, shape=(M, N))}
+              "row_offsets": Vd.check_index(row_offsets, "row_offsets", nnz=m.nnz, shape=(M, N)),
+              MASK: valid}
     data = _pack_int4(values) if d == "int4" else values
     inst = FormatInstance(declare(v, d), (int(M), int(N)), arrays, np.ascontiguousarray(data), int(m.nnz))
     inst.conversion_s = time.perf_counter() - t0
@@ -296,7 +308,7 @@ def stored_coords(inst: FormatInstance):
     outside = (cols < 0) | (rows >= M)
     rows[outside] = -1
     cols[outside] = -1
-    return rows, cols
+    return masked_coords(inst, rows, cols)
 
 
 def _sorted_indices(indices: np.ndarray, d: str) -> np.ndarray:
@@ -333,6 +345,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
                          f"{'bytes' if d == 'int4' else 'values'}, got {data.size}")
     if ro.size != 2 * mv:
         raise ValueError(f"row_offsets has {ro.size} entries, should be 2 * vector rows = {2 * mv}")
+    check_slot_mask(inst)
     if not full:
         return
     Vd.check_indptr(indptr, mv, indices.size, major="vector row")

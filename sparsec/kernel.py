@@ -216,11 +216,16 @@ def on_torch_stream(active: bool):
 
 
 def index_arrays(A) -> Dict[str, np.ndarray]:
-    """The matrix's index arrays by kernel parameter name (a composite's parts prefixed p<k>_)."""
-    if isinstance(A, CompositeInstance):
-        return {f"p{k}_{n}": part.arrays[n] for k, part in enumerate(A.parts)
-                for n in part.format.index_array_names()}
-    return {n: A.arrays[n] for n in A.format.index_array_names()}
+    """The matrix's index arrays by kernel parameter name (a composite's parts prefixed p<k>_),
+    and its slot mask where the format has one (a kernel that guards on padding takes it)."""
+    parts = A.parts if isinstance(A, CompositeInstance) else [A]
+    out = {}
+    for k, part in enumerate(parts):
+        prefix = f"p{k}_" if isinstance(A, CompositeInstance) else ""
+        out.update({prefix + n: part.arrays[n] for n in part.format.index_array_names()})
+        if part.format.slot_mask:
+            out[prefix + part.format.slot_mask] = part.slot_mask()
+    return out
 
 
 def scalar_values(A) -> Dict[str, int]:

@@ -107,7 +107,7 @@ def bind(op: Operator, fmt: Format, params: Dict[str, int]) -> BoundOperator:
 
 
 def prefixed(fmt: Format, prefix: str) -> Format:
-    """``fmt`` with every axis and index-array name prefixed (a part of a composite)."""
+    """``fmt`` with every axis, index-array and slot-mask name prefixed (a part of a composite)."""
     axes = []
     for a in fmt.axes:
         changes = {"name": prefix + a.name}
@@ -115,7 +115,8 @@ def prefixed(fmt: Format, prefix: str) -> Format:
             if getattr(a, attr, None) is not None:
                 changes[attr] = prefix + getattr(a, attr)
         axes.append(replace(a, **changes))
-    return replace(fmt, axes=tuple(axes))
+    mask = prefix + fmt.slot_mask if fmt.slot_mask else ""  # the slot mask is a per-part array too
+    return replace(fmt, axes=tuple(axes), slot_mask=mask)
 
 
 def _bind_iteration(it: Iteration, fmt: Format, row: DslAxis, col: DslAxis, params) -> BoundIteration:

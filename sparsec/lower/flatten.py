@@ -2,7 +2,7 @@
 
 Resolves every ``pos:<axis>`` placeholder into a flat offset with the composition
 rules of ``formats.axes`` (SparseTIR's ComputeOffset), maps a sparse buffer's flat
-position to where its value is stored (a format's chunked value order, a composite
+position (and a slot mask's, in the part's own array) to where its value is stored (a format's chunked value order, a composite
 part's offset in the shared value array, two int4 values per byte), casts values to
 the accumulation dtype, and gives every buffer its flat shape and dtype. After this
 stage the program reads only ordinary arrays.
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from ..dtypes import DtypeSpec
-from ..expr import BinOp, Call, Const, Expr, Load, Var, cast, simplify_add, simplify_mul, transform, unpack_int4
+from ..expr import BinOp, Call, Const, Expr, Load, Var, cast, simplify_add, simplify_mul, transform, unpack_int4, walk
 from .positions import LoopNest, PositionProgram, extent_var, iv
 
 INDEX_DTYPE = "int32"
+MASK_DTYPE = "uint8"  # a slot mask (formats.base): 1 = a coordinate of the matrix, 0 = padding
 
 
 @dataclass
@@ -105,6 +106,8 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
             if isinstance(n, Var) and n.name.startswith("pos:"):
                 names = [a.name for a in chain]
                 return flat_offset(chain, names.index(n.name[4:]), loops)
+            if isinstance(n, Load) and part is not None and n.buffer == part.slot_mask:
+                return Load(n.buffer, (value_index(part, chain, loops),))  # per part: no offset
             if isinstance(n, Load) and n.buffer in sparse_bufs:
                 idx = value_index(part, chain, loops)
                 if nest.part is not None:
@@ -128,6 +131,8 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
         nests.append(LoopNest(nest.name, blocks, transform(nest.target, resolve), value, nest.reduce, guard,
                               nest.roles, nest.init, nest.atomic, nest.part, nest.root_extent, nest.fill))
 
+    read = {n.buffer for nest in nests for e in [nest.value, nest.write_guard] if e is not None
+            for n in walk(e) if isinstance(n, Load)}
     buffers: List[BufferDecl] = []
     size_vars: List[str] = []
     for part in parts:
@@ -139,6 +144,8 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
                 size_vars.append(f"nnz_{fa.name}")
             if fa.sparse:
                 buffers.append(BufferDecl(fa.indices, (axis_total(chain, i),), INDEX_DTYPE, "index"))
+        if part.slot_mask and part.slot_mask in read:  # only kernels that guard on it take it
+            buffers.append(BufferDecl(part.slot_mask, (axis_total(chain, len(chain) - 1),), MASK_DTYPE, "index"))
     if bound.composite:
         n_slots = Var("slots")
         size_vars.append("slots")

@@ -11,7 +11,12 @@ coordinate in the statement is rewritten in terms of positions:
     ``coord`` a loop index (dense axis) or ``indices[pos]`` (sparse axis);
   * padding (index -1) and coordinates past the matrix edge become guards: on the
     write when they only involve the output's own axes, else folded into the value
-    as ``select(guard, value, identity)`` so that a reduction skips them.
+    as ``select(guard, value, identity)`` so that a reduction skips them;
+  * on a format with a slot mask (``Format.slot_mask``: padding inside dense inner slots,
+    e.g. a BSR block's implicit zeros), every statement that is not padding-neutral
+    (``lower.padding``) is guarded the same way by ``mask[pos] > 0``, the mask read at the
+    position of the chain's last axis (stage III maps it like the value array). Neutral
+    statements (SpMM, SDDMM) read no mask, and a format without one has no mask at all.
 
 Loops are grouped into blocks: the row loop is a block of its own, and a variable
 axis (extent from ``indptr``) opens a new, inner block, because its extent reads the
@@ -28,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..dsl import IDENTITY, Access
-from ..expr import BinOp, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform
+from ..expr import BinOp, Call, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform
 from .bind import BoundIteration, BoundOperator, Loop
+from .padding import neutral_iterations
 
 ROWS, COLS = Var("rows"), Var("cols")
 
@@ -89,6 +95,7 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
     composite = bound.composite
     disjoint = composite and bound.format.disjoint_rows
     nests, filled = [], set()
+    neutral = neutral_iterations(bound.op)
     for it in bound.iterations:
         st = it.statement
         unique = bound.parts[it.part].axes[0].unique
@@ -99,7 +106,8 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
             nests.append(_fill(bound, it))
         # a part owns its rows' results (T.init, register accumulators) unless rows are shared
         shared = dense_reduce and ((composite and not disjoint) or not unique)
-        nests.append(_lower(bound, it, init=not shared))
+        mask = bound.parts[it.part].slot_mask if it.origin not in neutral else ""
+        nests.append(_lower(bound, it, init=not shared, slot_mask=mask))
     extents = [a.name for p in bound.parts for a in p.axes if a.name in p.runtime_extent_axes()]
     return PositionProgram(bound, nests, extents)
 
@@ -125,7 +133,12 @@ def _coordinate(loop: Loop) -> Expr:
     return iv(loop)
 
 
-def _lower(bound: BoundOperator, it: BoundIteration, init: bool) -> LoopNest:
+def slot_mask_guard(mask: str, chain) -> Expr:
+    """``mask[pos] > 0`` at the position of the chain's last axis (stage III: the value slot)."""
+    return BinOp(">", Call("cast:int32", (Load(mask, (pos(chain[-1].name),)),)), Const(0))
+
+
+def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str = "") -> LoopNest:
     chain = it.chain
     chain_loops = [l for l in it.loops if l.fmt_axis is not None]
     # logical coordinate of each dimension; it can run past the matrix edge when an axis
@@ -164,6 +177,8 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool) -> LoopNest:
         if overhang[d]:
             names = {l.name for l in chain_loops if l.fmt_axis.dim == d}
             guards.append((BinOp("<", coord[d], bound_var), names))
+    if slot_mask:
+        guards.append((slot_mask_guard(slot_mask, chain), {l.name for l in chain_loops}))
     out_loops = set()
     if not st.target.buffer.sparse:
         for a in st.target.axes:
