@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import List, Set
 
+from sparsec.schedules.atomics import ATOMIC_MINMAX_DTYPES
+
 from ..dsl import IDENTITY
 from ..expr import BinOp, Expr, Load, Var, render, walk
 from ..ir_attrs import ATOMIC_ATTR
@@ -27,7 +29,8 @@ class _Printer:
 
 def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
     """TVMScript source of the whole operator (one PrimFunc). ``atomics``: updates that several
-    root positions may make to one element at once become ``atomicAdd`` (CUDA)."""
+    root positions may make to one element at once become atomics (CUDA: ``atomicAdd``, and
+    an atomic max/min for max/min reductions, see ``schedules.atomics``)."""
     names = [b.name for b in prog.buffers]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -44,9 +47,10 @@ def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
         shape = ", ".join(render(s, "int32") for s in b.shape)
         p(1, f'{b.name} = T.match_buffer({b.name}_h, ({shape},), "{b.dtype}")')
     for nest in prog.nests:
-        if nest.atomic and atomics and nest.reduce != "sum":
-            raise ValueError(f"{nest.name}: rows repeat in this format, so its {nest.reduce} reduction would need an "
-                             f"atomic {nest.reduce}, which sparsec does not emit; use a format whose rows are unique")
+        if nest.atomic and atomics and nest.reduce != "sum" and prog.dtype.out not in ATOMIC_MINMAX_DTYPES:
+            raise ValueError(f"{nest.name}: rows repeat in this format, so its {nest.reduce} reduction needs an "
+                             f"atomic {nest.reduce}, which sparsec emits for {', '.join(ATOMIC_MINMAX_DTYPES)}, not "
+                             f"{prog.dtype.out}; use a format whose rows are unique (not hyb's split rows)")
         _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic)
     return "\n".join(p.lines) + "\n"
 
