@@ -107,16 +107,20 @@ class CompositeInstance:
         return self.stored_coords()[0] >= 0
 
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
-        """The stored entries as canonical scipy CSR (parts never share an entry)."""
+        """The matrix's entries as canonical scipy CSR, explicit zeros kept, padding dropped
+        (parts never share an entry)."""
         vals = self.slot_values() if values is None else np.asarray(values).reshape(-1)
         if vals.size != self.stored:
             raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
-        out = sp.csr_matrix(self.shape, dtype=np.float64 if vals.dtype.kind == "f" else vals.dtype)
-        for p, off in zip(self.parts, self.offsets):
-            out = out + p.to_scipy(vals[off:off + p.stored])
-        out = out.tocsr()
-        out.sort_indices()
-        return out.astype(vals.dtype if vals.dtype != np.float16 else np.float32)
+        if vals.dtype == np.float16:  # scipy.sparse has no float16; float32 holds it exactly
+            vals = vals.astype(np.float32)
+        rows, cols = self.stored_coords()
+        ok = rows >= 0
+        # built from coordinates, not by adding the parts: a sum of matrices drops explicit zeros,
+        # which are entries of the matrix (formats.base)
+        m = sp.csr_matrix((vals[ok], (rows[ok], cols[ok])), shape=self.shape)
+        m.sort_indices()
+        return m
 
     def to_dense(self, values: np.ndarray | None = None) -> np.ndarray:
         return self.to_scipy(values).toarray()

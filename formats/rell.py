@@ -108,7 +108,8 @@ def pack(rows, lengths, starts, indices, data, width, shape, nnz=None):
 
 
 def from_matrix(matrix, *, shape=None, dtype=None, width=None, unique=None, rows=None) -> FormatInstance:
-    """One bucket holding ``rows`` (default: every non-empty row) of ``matrix``.
+    """One bucket holding ``rows`` (default: every row, so that a kernel writes every row of a
+    dense output; an empty row is one all-padding ELL row) of ``matrix``.
 
     ``width=None`` uses the longest listed row (at least 1). Rows longer than ``width``
     are split, which makes the format ``unique=False``; ``unique=True`` then raises.
@@ -119,8 +120,8 @@ def from_matrix(matrix, *, shape=None, dtype=None, width=None, unique=None, rows
     m = canonical_csr(matrix, shape=shape, dtype=dtype)
     M = m.shape[0]
     lengths = np.diff(m.indptr).astype(np.int64)
-    if rows is None:
-        rows = np.flatnonzero(lengths)
+    if rows is None:  # every row: a kernel on a standalone instance then writes every row of its output
+        rows = np.arange(M, dtype=np.int64)
     else:
         rows = np.asarray(rows)
         if rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):

@@ -1,7 +1,17 @@
-"""float64 references for the library operators, computed with scipy/numpy.
+"""float64 references, computed with scipy/numpy on the matrix's logical pattern.
 
-They work from the format instance's stored slots, so they define exactly what a
-kernel must produce for every slot (SDDMM writes 0 into padding slots).
+An operator's value is defined on the matrix's coordinates (the entries the user stored,
+explicit zeros included), never on the slots a format happens to store (``formats.base``:
+padding). So every reference reads the instance's logical pattern (``to_scipy`` and
+``stored_coords``, which leave padding out) and gives:
+
+  * a dense output as the array the kernel returns;
+  * a sparse output as one value per stored slot, 0 at padding slots, compared slot by
+    slot: a kernel must write that 0 (outputs are deterministic whatever the format).
+
+``spmm``, ``sddmm`` and ``attention`` are the library's, written for speed; ``evaluate``
+interprets *any* DSL operator on the logical pattern (each iteration vectorised over the
+matrix's entries and the dense axes), so user-written operators have a reference too.
 """
 from __future__ import annotations
 
@@ -10,6 +20,8 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from .dsl import Access, Operator
+from .expr import BinOp, Call, Const, Expr, Select
 from .formats import FormatInstance
 
 # the accepted max |out - ref| / max |ref| of a kernel's result, by the kernel's value dtype
@@ -55,6 +67,129 @@ def attention(A: FormatInstance, Q, Kt, V) -> np.ndarray:
 
 
 REFERENCES = {"spmm": spmm, "sddmm": sddmm, "attention": attention}
+
+
+# ---- any DSL operator --------------------------------------------------------------------------
+_BINOPS = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "//": np.floor_divide,
+           "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "and": np.logical_and}
+_CALLS = {"exp": np.exp, "sqrt": np.sqrt, "abs": np.abs, "max": np.maximum, "min": np.minimum}
+_AT = {"sum": np.add.at, "max": np.maximum.at, "min": np.minimum.at}
+
+
+def identity(kind: str, dtype: str = "float32") -> float:
+    """The start value of a ``kind`` reduction, as kernels of ``dtype`` use it: 0 for a sum,
+    the dtype's lowest (highest) finite value for a max (min), like TVM's T.min_value: a row
+    with no entries keeps it."""
+    if kind == "sum":
+        return 0.0
+    info = np.finfo(dtype) if np.dtype(dtype).kind == "f" else np.iinfo(dtype)
+    return float(info.min if kind == "max" else info.max)
+
+
+def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
+    """Run the DSL operator ``op`` in float64 on ``A``'s logical pattern, with the dense
+    inputs in the operator's order and its compile-time extents in ``params`` (e.g.
+    ``{"feat": 16}``). Returns the outputs in the operator's order (one array, or a tuple):
+    dense outputs as arrays, sparse outputs one value per stored slot of ``A`` (0 at
+    padding). ``dtype``: the kernel's output dtype, for the identities of max/min reductions.
+    Memory: a statement's values over entries x dense axes at once (nnz * feat floats)."""
+    params = dict(params or {})
+    inputs = [b for b in op.inputs() if not b.sparse]
+    if len(dense) != len(inputs):
+        raise TypeError(f"{op.name} takes {len(inputs)} dense inputs ({', '.join(b.name for b in inputs)}), "
+                        f"got {len(dense)}")
+    row, col = op.structure()
+    m = A.to_scipy()
+    n_rows, n_cols = A.shape
+    r = np.repeat(np.arange(n_rows), np.diff(m.indptr))
+    c = m.indices.astype(np.int64)
+
+    def extent(axis) -> int:
+        if axis is row:
+            return n_rows
+        if axis is col:
+            return n_cols
+        if isinstance(axis.extent, int):
+            return axis.extent
+        if axis.extent not in params:
+            raise ValueError(f"{op.name} needs params[{axis.extent!r}] (the extent of axis {axis.name})")
+        return int(params[axis.extent])
+
+    vals: dict = {}
+    for b in op.buffers:
+        if b.sparse:
+            vals[b.name] = m.data.astype(np.float64) if b.role == "input" else np.zeros(m.nnz)
+        elif b.role == "input":
+            x = np.asarray(dense[inputs.index(b)], dtype=np.float64)
+            want = tuple(extent(a) for a in b.axes)
+            if x.shape != want:
+                raise ValueError(f"{op.name}: {b.name} should have shape {want}, got {x.shape}")
+            vals[b.name] = x
+        else:
+            vals[b.name] = np.zeros(tuple(extent(a) for a in b.axes))
+    for it in op.iterations:
+        st = it.statement
+        others = [a for a in it.axes if a is not row and a is not col]
+        ndim = 1 + len(others)
+
+        def index(axis):  # the coordinate of ``axis`` over the space (entries, *other axes)
+            if axis is row:
+                return r.reshape((-1,) + (1,) * len(others))
+            if axis is col:
+                return c.reshape((-1,) + (1,) * len(others))
+            shape = [1] * ndim
+            shape[1 + others.index(axis)] = extent(axis)
+            return np.arange(extent(axis)).reshape(shape)
+
+        def access(acc: Access):
+            if acc.buffer.sparse:
+                return vals[acc.buffer.name].reshape((-1,) + (1,) * len(others))
+            return vals[acc.buffer.name][tuple(index(a) for a in acc.axes)]
+
+        with np.errstate(all="ignore"):  # the kernels' IEEE arithmetic: 0/0 is NaN, as on the device
+            value = np.broadcast_to(_eval(st.value, access), (m.nnz,) + tuple(extent(a) for a in others))
+        tgt = st.target
+        out = vals[tgt.buffer.name]
+        if tgt.buffer.sparse:
+            idx = (np.arange(m.nnz).reshape((-1,) + (1,) * len(others)),)
+        else:
+            idx = tuple(index(a) for a in tgt.axes)
+        idx = tuple(np.broadcast_to(i, value.shape) for i in idx)
+        if st.reduce is None:
+            out[idx] = value
+        else:  # a reduction starts from its identity (the kernels' T.init), every element of the target
+            out[...] = identity(st.reduce, dtype)
+            with np.errstate(all="ignore"):
+                _AT[st.reduce](out, idx, value)
+    res = []
+    for b in op.outputs():
+        res.append(_per_slot(A, m, vals[b.name]) if b.sparse else vals[b.name])
+    return res[0] if len(res) == 1 else tuple(res)
+
+
+def _eval(e: Expr, access):
+    if isinstance(e, Access):
+        return access(e)
+    if isinstance(e, Const):
+        return float(e.value)
+    if isinstance(e, BinOp):
+        return _BINOPS[e.op](_eval(e.a, access), _eval(e.b, access))
+    if isinstance(e, Call) and e.fn in _CALLS:
+        return _CALLS[e.fn](*(_eval(a, access) for a in e.args))
+    if isinstance(e, Select):
+        return np.where(_eval(e.cond, access), _eval(e.then, access), _eval(e.other, access))
+    raise ValueError(f"the reference cannot evaluate {e!r}")
+
+
+def _per_slot(A, m, entry_values: np.ndarray) -> np.ndarray:
+    """Values per logical entry (``m``'s order) -> one per stored slot of ``A``, 0 at padding."""
+    rows, cols = A.stored_coords()
+    out = np.zeros(A.stored)
+    ok = rows >= 0
+    keys = m.indices.astype(np.int64) + np.repeat(np.arange(A.shape[0]), np.diff(m.indptr)) * max(A.shape[1], 1)
+    want = rows[ok].astype(np.int64) * max(A.shape[1], 1) + cols[ok]
+    out[ok] = entry_values[np.searchsorted(keys, want)]  # canonical CSR: keys are sorted
+    return out
 
 
 def max_rel_err(out, ref, *, norm: str = "max") -> float:
