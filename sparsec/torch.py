@@ -190,7 +190,8 @@ class _SpMMFunction(torch.autograd.Function):
             t_values = torch.cat([values, values.new_zeros(1)])[t_slots]
             grad_b = _spmm_op(t_key, t_index, t_values, t_sizes, t_size_names, grad)
         if ctx.needs_input_grad[0]:
-            grad_values = _sddmm_op(A.key, A.index, torch.ones_like(values), A.sizes, A.size_names, grad,
+            ones = torch.ones_like(values) if A.entries is None else A.entries
+            grad_values = _sddmm_op(A.key, A.index, ones, A.sizes, A.size_names, grad,
                                     b.contiguous())
         return grad_values, grad_b, None
 
@@ -260,6 +261,11 @@ class SparseTensor:
         device = torch.device(device)
         self.index = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in index_arrays(inst).values()]
         self.values = torch.from_numpy(np.ascontiguousarray(inst.data)).to(device).requires_grad_(requires_grad)
+        # 1 at the matrix's entries, 0 at padding slots the indices do not mark (a BSR block's
+        # implicit zeros are no parameters): SDDMM with it is dA, 0 on padding; None: all ones
+        entries = inst.valid_slots()
+        self.entries = None if entries.all() else torch.from_numpy(entries).to(device=device,
+                                                                                dtype=self.values.dtype)
         sizes = scalar_values(inst)
         self.size_names, self.sizes = ",".join(sizes), [int(v) for v in sizes.values()]
         self.transpose = None

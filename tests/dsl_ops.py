@@ -134,3 +134,29 @@ NONLINEAR_OPS = {
     "edge_softmax": (edge_softmax, (("rows", "feat"), ("cols", "feat"))),
     "edge_softmax_spmm": (edge_softmax_spmm, (("rows", "feat"), ("cols", "feat"), ("cols", "feat"))),
 }
+
+
+# ---- comparing results across formats (the property test and benchmarks/check_format_invariance.py)
+
+
+def rel_err(out, ref, dtype: str = "float32") -> float:
+    """``sparsec.reference.max_rel_err``, except that the max/min identity (a row with no
+    entries keeps the dtype's lowest/highest value) must match exactly and is left out of the
+    scale (it would make every other error look tiny)."""
+    from sparsec.reference import max_rel_err
+
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    extreme = np.abs(ref) >= np.finfo(dtype).max if np.dtype(dtype).kind == "f" else np.zeros(ref.shape, bool)
+    if np.any(out[extreme] != ref[extreme]):
+        return float("inf")
+    return max_rel_err(np.where(extreme, 0, out), np.where(extreme, 0, ref))
+
+
+def on_coordinates(op: dsl.Operator, inst, out) -> np.ndarray:
+    """A kernel's first output as a dense float64 array over the matrix's coordinates, whatever
+    the format: a sparse output (one value per stored slot) becomes the matrix it holds, with
+    padding dropped; a dense output is itself."""
+    out = np.asarray(out[0] if isinstance(out, tuple) else out, dtype=np.float64)
+    if op.outputs()[0].sparse:
+        return np.asarray(inst.to_scipy(out).toarray(), dtype=np.float64)
+    return out
