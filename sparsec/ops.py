@@ -54,8 +54,10 @@ def attention() -> Operator:
     mx and s are the row max and the row sum of exp(S - mx) (softmax with the max
     subtracted, so large scores do not overflow); the probabilities exp(S - mx) / s are
     recomputed inside the SpMM rather than stored. A row with no entries gives O = 0.
-    Every stored slot attends: use a format that stores no explicit zeros (CSR, ELL; BSR's
-    in-block zeros would be attended with score 0)."""
+    The mask is the matrix's coordinates (its logical pattern), whatever the format: an
+    explicit zero the user stored attends (with score 0), while a format's padding -- a BSR
+    block's implicit zeros, the rows of an N:M or SR-BCRS vector lacking a column -- does not
+    (lowering guards the max, the exp sums and the SpMM with the format's slot mask)."""
     op = Operator("attention", "O[i, d] = sum_j softmax_j(A[i, j] * sum_k Q[i, k] * Kt[j, k]) * V[j, d] "
                                "over A's non-zeros")
     I = op.dense_fixed("i")

@@ -11,8 +11,9 @@ def add_parser(sub, common):
     p = sub.add_parser("run", parents=[common], help="compile, run and optionally check an operator")
     add_kernel_options(p)
     p.add_argument("--check", action="store_true",
-                   help="compare with the float64 scipy reference (exit 1 when it fails, 3 when it cannot run: "
-                        "a CUDA target without a GPU)")
+                   help="compare with the float64 reference on the matrix's logical pattern (its coordinates, "
+                        "never a format's padding; exit 1 when it fails, 3 when it cannot run: a CUDA target "
+                        "without a GPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object (non-finite numbers as null)")
     p.set_defaults(func=cmd_run)
     return p
