@@ -19,6 +19,13 @@ index array can be stored flat:
 
 Each axis contributes ``coord * scale`` to one logical dimension (``dim`` 0 = rows,
 1 = columns); BSR's block-row axis has scale r and its in-block axis scale 1.
+
+Padding that no axis flag can mark: a dense inner axis (BSR's in-block rows and columns,
+an N:M or SR-BCRS vector's rows) stores every slot, entry or not. Such formats declare a
+slot mask (``Format.slot_mask``, ``formats.base``): one byte per stored slot, 1 at the
+matrix's coordinates. Stage II guards with it every statement that a padded slot could
+change (``sparsec.lower.padding``); ``padded`` (-1 indices) and ``scale`` (the edge) are
+guarded from the indices alone.
 """
 from __future__ import annotations
 

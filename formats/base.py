@@ -122,7 +122,10 @@ class FormatInstance:
       * ``data`` is C-contiguous and 1-D, one slot per stored position, in the flat
         position order of ``formats.axes`` (BSR: block-major, then row, then column);
       * ``shape`` is the logical (rows, cols); stored slots whose coordinates fall
-        outside it (BSR edge blocks) or whose index is -1 (ELL padding) hold 0.
+        outside it (BSR edge blocks), whose index is -1 (ELL padding) or whose slot-mask
+        byte is 0 (a BSR block's implicit zeros) are padding and hold 0;
+      * ``arrays[format.slot_mask]`` (formats with one): uint8, one per stored slot, laid
+        out like ``data`` (see the module docstring).
     """
 
     format: Format
