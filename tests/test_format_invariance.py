@@ -209,3 +209,41 @@ def test_slot_mask_is_checked():
     bad = formats.FormatInstance(A.format, A.shape, {**A.arrays, "valid": A.arrays["valid"][:-1]}, A.data, A.nnz)
     with pytest.raises(ValueError, match="slot mask"):
         formats.module_for(bad.format).check(bad)
+
+
+def test_padding_neutral_statements():
+    """lower.padding: the linear statements (a sum or sparse assignment with A as a factor, and
+    SDDMM's dot before its scale by A) stay unguarded; max, exp, division, sparse temps are not."""
+    from dsl_ops import edge_softmax
+    from sparsec.lower.padding import neutral_iterations
+
+    def names(op):
+        return [it.name in neutral_iterations(op) for it in op.iterations]
+
+    assert names(ops.spmm()) == [True]
+    assert names(ops.sddmm()) == [True, True]
+    assert names(ops.attention()) == [True, True, False, False, False]
+    assert names(rownorm_spmm()) == [True, False]
+    assert names(edge_softmax()) == [False, False, False, False]  # no rescale by A: the dot is guarded
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_float_atomic_max_min_from_integer_atomics(kind):
+    """The bit trick of schedules.atomics, replayed in numpy: an integer max/min on the bits,
+    chosen by the value's sign bit, gives the float max/min from the identity, -0.0 included."""
+    rng = np.random.default_rng(3)
+    vals = np.concatenate([rng.standard_normal(200), [0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38]]).astype(np.float32)
+    for order in (vals, vals[::-1], rng.permutation(vals)):
+        cell = np.array([np.finfo(np.float32).min if kind == "max" else np.finfo(np.float32).max], np.float32)
+        as_int, as_uint = cell.view(np.int32), cell.view(np.uint32)
+        for v in order:
+            bits = np.array([v], np.float32).view(np.int32)[0]
+            ubits = np.array([v], np.float32).view(np.uint32)[0]
+            if bits >= 0:
+                as_int[0] = max(as_int[0], bits) if kind == "max" else min(as_int[0], bits)
+            else:
+                as_uint[0] = min(as_uint[0], ubits) if kind == "max" else max(as_uint[0], ubits)
+        assert cell[0] == (order.max() if kind == "max" else order.min())
+    neg_zero = np.array([np.finfo(np.float32).min], np.float32)
+    neg_zero.view(np.uint32)[0] = min(neg_zero.view(np.uint32)[0], np.array([-0.0], np.float32).view(np.uint32)[0])
+    assert neg_zero[0] == 0.0 and np.signbit(neg_zero[0])  # max(-FLT_MAX, -0.0) is -0.0
