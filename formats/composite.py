@@ -21,6 +21,7 @@ compiled for a converted matrix (rather than for its spec) asks of later matrice
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -45,7 +46,7 @@ class CompositeFormat:
         if not self.parts:
             raise ValueError(f"composite format {self.name!r} should have at least one part")
 
-    @property
+    @cached_property  # kernels compare specs on every call; the format is frozen
     def family_spec(self) -> str:
         """The family with its resolved parameters, without the part list, e.g.
         ``hyb:col_parts=1,buckets=1/2/4/8`` for a matrix converted with plain ``hyb``. Convert
@@ -54,7 +55,7 @@ class CompositeFormat:
         knobs = ",".join(f"{k}={_text(v)}" for k, v in self.params)
         return f"{self.name}:{knobs}" if knobs else self.name
 
-    @property
+    @cached_property
     def spec(self) -> str:
         """``family_spec`` plus the part formats, e.g. ``hyb:col_parts=1,buckets=1/2[rell:1+rell:2,dup]``
         (what kernels record; the family's ``parse_spec`` ignores the part list, and

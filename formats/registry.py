@@ -82,12 +82,26 @@ def format_from_spec(spec: str):
     return CompositeFormat(template.name, parts, template.params, template.disjoint_rows)
 
 
+_REFUSALS: dict = {}  # (compiled spec, matrix format spec) -> refusal or None: kernels ask on every call
+
+
 def reuse_refusal(compiled_spec: str, got) -> Optional[str]:
     """The message refusing a matrix in format ``got`` to a kernel compiled for
     ``compiled_spec``, or None when the kernel computes correctly on it (the same spec, or a
-    composite with the same parts: ``composite.reuse_problem``)."""
-    if got.spec == compiled_spec:
+    composite with the same parts: ``composite.reuse_problem``). Remembered per pair of
+    specs (a spec names its format exactly), so a reused kernel's calls cost a dict lookup."""
+    got_spec = got.spec
+    if got_spec == compiled_spec:
         return None
+    key = (compiled_spec, got_spec)
+    if key not in _REFUSALS:
+        if len(_REFUSALS) > 1024:
+            _REFUSALS.clear()
+        _REFUSALS[key] = _refusal(compiled_spec, got)
+    return _REFUSALS[key]
+
+
+def _refusal(compiled_spec: str, got) -> Optional[str]:
     compiled = _exact(compiled_spec)
     if compiled is None:
         return f"this kernel was compiled for format {compiled_spec}, got a matrix in {got.spec}"
