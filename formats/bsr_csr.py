@@ -5,10 +5,12 @@ A block whose fill — its non-zeros over ``r * c`` (the slots it would store, e
 blocks included) — is at least ``block_fill`` goes whole to a BSR part; every entry of
 the other blocks goes to a CSR part. Both parts have the matrix's full logical shape
 (the BSR part simply has no block where the CSR part has entries), and every entry is
-in exactly one of them. Parts come in the order [bsr, csr]; when one would be empty it
-is left out, so the composite has a single part (``block_fill=0`` puts every non-empty
-block in BSR, anything above 1 puts everything in CSR); a matrix without entries is a
-single empty CSR part.
+in exactly one of them. Parts are always [bsr, csr], an empty one included
+(``block_fill=0`` puts every non-empty block in BSR and leaves the CSR part empty,
+anything above 1 puts everything in CSR), so a kernel compiled for one matrix runs on
+any other converted with the same block shape (``block_fill`` steers the split, not the
+kernel). An empty part still spans the matrix: its kernel walks its (block) rows and
+finds nothing, as a CSR part does for the rows BSR took.
 
 Specs: ``bsr+csr`` (8x8 blocks, fill 0.5), ``bsr+csr:4x4``, ``bsr+csr:4x4,0.5``, the
 keyword form ``bsr+csr:block=4x4,block_fill=0.5`` (what ``CompositeFormat.spec``
@@ -88,7 +90,7 @@ def _params(block, block_fill):
 
 
 def declare(block=None, block_fill=None) -> CompositeFormat:
-    """The template with both parts; a converted matrix lists only its non-empty ones."""
+    """The format of every matrix converted with these parameters: [bsr, csr]."""
     params = _params(block, block_fill)
     return CompositeFormat(NAME, (bsr.declare(params[0][1]), csr.declare()), params)
 
@@ -109,15 +111,11 @@ def from_matrix(matrix, *, shape=None, dtype=None, block=None, block_fill=None) 
         dense = np.zeros(0, dtype=bool)
     parts = []
     for keep, module, kw in ((dense, bsr, {"block": (r, c)}), (~dense, csr, {})):
-        if not keep.any():
-            continue
         cnt = np.bincount(rowid[keep], minlength=M) if M else np.zeros(0, np.int64)
         indptr = np.zeros(M + 1, dtype=np.int64)
         np.cumsum(cnt, out=indptr[1:])
         # entries stay sorted by (row, col): the sub-matrix is already canonical
         parts.append(module.from_matrix((m.data[keep], m.indices[keep], indptr), shape=(M, N), **kw))
-    if not parts:
-        parts.append(csr.from_matrix((m.data, m.indices, m.indptr), shape=(M, N)))
     cf = CompositeFormat(NAME, tuple(p.format for p in parts), params)
     inst = CompositeInstance(cf, (int(M), int(N)), parts, int(m.nnz))
     inst.conversion_s = time.perf_counter() - t0
@@ -143,8 +141,8 @@ def check(inst: CompositeInstance, full: bool = False) -> None:
     if not isinstance(inst, CompositeInstance) or inst.format.name != NAME:
         raise ValueError(f"a bsr+csr instance should be a CompositeInstance of format bsr+csr, got {type(inst).__name__}")
     names = [p.format.name for p in inst.parts]
-    if names not in (["bsr", "csr"], ["bsr"], ["csr"]):
-        raise ValueError(f"bsr+csr parts should be [bsr, csr], [bsr] or [csr], got {names}")
+    if names != ["bsr", "csr"]:
+        raise ValueError(f"bsr+csr parts should be [bsr, csr] (an empty one included), got {names}")
     block = tuple(inst.format.param("block"))
     for p in inst.parts:
         if p.format.name == "bsr" and tuple(p.format.param("block")) != block:
@@ -152,7 +150,7 @@ def check(inst: CompositeInstance, full: bool = False) -> None:
         (bsr if p.format.name == "bsr" else csr).check(p, full=full)
     if sum(p.nnz for p in inst.parts) != inst.nnz:
         raise ValueError(f"the parts' nnz should add up to nnz = {inst.nnz}, got {sum(p.nnz for p in inst.parts)}")
-    if full and len(inst.parts) == 2:
+    if full:
         rows, cols = inst.parts[1].stored_coords()
         r, c = block
         NB = -(-inst.shape[1] // c)

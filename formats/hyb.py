@@ -5,10 +5,12 @@ Within a range, a row with ``k > 0`` entries goes to the smallest bucket width `
 (``buckets`` are increasing powers of two, e.g. 1/2/4/8/16/32); a row longer than the
 widest bucket ``w_max`` is split into ``ceil(k / w_max)`` ELL rows of that bucket, which
 is then ``unique=False`` (its row id repeats, kernels add partial sums). Rows with no
-entries in a range are in no bucket. Each non-empty (range, bucket) pair is one ``rell``
-part (``formats.rell``); empty buckets are allowed and produce no part. Parts come
-range-major, bucket-minor (widths increasing). A matrix without entries has a single
-empty part (width = the narrowest bucket, no ELL rows), since a composite needs one.
+entries in a range are in no bucket. Every (range, bucket) pair is one ``rell`` part
+(``formats.rell``), an empty bucket a part with no ELL rows: the part list depends on
+the parameters alone, range-major, bucket-minor (widths increasing), ``col_parts *
+len(buckets)`` parts, so a kernel compiled for one matrix runs on any other converted
+with the same parameters (each part's ELL-row count is a run-time extent; an empty part
+runs one guarded, idle thread block).
 
 Padding: a row of ``k <= w_max`` entries pads to the next power of two (< 2x), a split
 row only in its last piece, so ``stored / nnz`` stays below 2 whatever the skew.
@@ -22,8 +24,19 @@ Specs::
                               a trailing "[parts...]" is ignored: parts are recomputed)
     convert(m, "hyb", col_parts=4, buckets=(1, 2, 4, 8))
 
-The instance's ``format.spec`` lists the parts actually stored, so kernels compiled for
-one split are not reused on another.
+Resolved spec and reuse. ``inst.format.family_spec`` is the spec with the parameters
+resolved (``hyb:col_parts=1,buckets=1/2/4/8`` for a matrix converted with plain ``hyb``,
+whose automatic parameters depend on the matrix); ``inst.format.spec`` appends the part
+list (``[rell:1+rell:2+rell:4+rell:8,dup]``), which is what a kernel compiled for the
+instance records. Convert further matrices with ``family_spec`` to run that kernel on them;
+plain ``hyb`` may resolve differently for another matrix, and the kernel then refuses it
+naming both specs. Whether a widest bucket splits rows (``rell:W,dup``) depends on the
+matrix: a kernel compiled for a matrix without split rows stores each row's result (no
+atomics) and refuses a matrix with split rows, naming the part; a kernel compiled for the
+spec (``sparsec.compile(op, inst.format.family_spec)``, or for a matrix with split rows)
+adds the widest buckets' rows up and takes any matrix converted with the spec. Compiling
+for the matrix keeps its kernel exactly as fast as before; the metadata of an exported
+module lists the requirement (``matrix_requirements``).
 """
 from __future__ import annotations
 
@@ -125,9 +138,11 @@ def _int(text):
 
 
 def declare(col_parts=None, buckets=None) -> CompositeFormat:
-    """The template for fully given parameters: every part a matrix could need (each
-    column range x each bucket, the widest one ``dup``). A converted matrix's own format
-    lists only its non-empty parts; automatic parameters need the matrix (``convert``)."""
+    """The template for fully given parameters: every (column range, bucket) part, the
+    widest ones ``dup`` (rows may be split), so a kernel compiled for it takes any matrix
+    converted with these parameters. A converted matrix's own format has the same parts,
+    its widest ones ``dup`` only where it splits rows; automatic parameters need the matrix
+    (``convert``)."""
     p, b = _col_parts(col_parts), _buckets(buckets)
     if p is None or b is None:
         raise ValueError("hyb's automatic col_parts/buckets depend on the matrix: convert a matrix, "
@@ -256,20 +271,14 @@ def _split(m, p: int, buckets: Tuple[int, ...]) -> CompositeInstance:
     nnz_combo = np.bincount(combo, weights=lengths, minlength=n_combo).astype(np.int64)
 
     part_insts, part_fmts = [], []
-    for c in np.flatnonzero(ell_rows):
-        wc = int(widths[c % B])
-        fmt = rell.declare(wc, unique=not bool(split[c]))
+    for c in range(n_combo):  # every (range, bucket) pair, empty ones too: the part list is the spec's
+        fmt = rell.declare(int(widths[c % B]), unique=not bool(split[c]))
         inst = FormatInstance(fmt, shape,
                               {"row_ids": row_all[ell_base[c]:ell_base[c + 1]],
                                "col_ids": col_all[slot_base[c]:slot_base[c + 1]]},
                               val_all[slot_base[c]:slot_base[c + 1]], int(nnz_combo[c]))
         part_insts.append(inst)
         part_fmts.append(fmt)
-    if not part_insts:  # no entries: one empty bucket, because a composite needs a part
-        fmt = rell.declare(int(widths[0]), unique=True)
-        part_insts = [FormatInstance(fmt, shape, {"row_ids": np.zeros(0, np.int32), "col_ids": np.zeros(0, np.int32)},
-                                     np.zeros(0, dtype=m.data.dtype), 0)]
-        part_fmts = [fmt]
     cf = CompositeFormat(NAME, tuple(part_fmts), (("col_parts", int(p)), ("buckets", tuple(int(x) for x in buckets))),
                          disjoint_rows=int(p) == 1)
     out = CompositeInstance(cf, shape, part_insts, int(nnz))
@@ -303,9 +312,16 @@ def check(inst: CompositeInstance, full: bool = False) -> None:
         raise ValueError(f"a hyb instance should be a CompositeInstance of format hyb, got {type(inst).__name__}")
     p = _col_parts(inst.format.param("col_parts"))
     b = _buckets(inst.format.param("buckets"))
-    for part in inst.parts:
-        if part.format.name != rell.NAME or part.format.param("width") not in b:
-            raise ValueError(f"hyb parts should be rell buckets of widths {b}, got {part.format.spec}")
+    if len(inst.parts) != p * len(b):
+        raise ValueError(f"hyb:col_parts={p} with {len(b)} buckets should have {p * len(b)} parts (one per "
+                         f"column range and bucket, empty ones included), got {len(inst.parts)}")
+    for k, part in enumerate(inst.parts):
+        w = b[k % len(b)]
+        if part.format.name != rell.NAME or part.format.param("width") != w:
+            raise ValueError(f"hyb part {k} should be the rell bucket of width {w} of column range "
+                             f"{k // len(b)}, got {part.format.spec}")
+        if w != b[-1] and not part.format.param("unique"):
+            raise ValueError(f"hyb part {k} (width {w}, not the widest) should list each row once, got {part.format.spec}")
         rell.check(part, full=full)
     if sum(pt.nnz for pt in inst.parts) != inst.nnz:
         raise ValueError(f"the parts' nnz should add up to nnz = {inst.nnz}, got {sum(pt.nnz for pt in inst.parts)}")
@@ -340,12 +356,10 @@ def stats(inst: CompositeInstance) -> dict:
     its column range, width, unique flag, ELL rows, stored slots and nnz."""
     s = composite_summary(inst)
     p = int(inst.format.param("col_parts"))
-    pw = max(-(-inst.shape[1] // p), 1)
+    n_b = len(inst.format.param("buckets"))
     per = []
-    for part in inst.parts:
-        c = part.arrays["col_ids"]
-        c = c[c >= 0]
-        per.append({"partition": int(c[0]) // pw if c.size else 0,
+    for k, part in enumerate(inst.parts):
+        per.append({"partition": k // n_b,
                     "width": int(part.format.param("width")),
                     "unique": bool(part.format.param("unique")),
                     "ell_rows": rell.root_extent(part),

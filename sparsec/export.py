@@ -141,6 +141,16 @@ def _blob_c_source(blob: bytes) -> str:
             "#ifdef __cplusplus\n}\n#endif\n")
 
 
+def reuse_metadata(format_spec: str) -> Dict:
+    """Which matrices the module takes: ``convert_spec``, the spec to convert them with (a
+    composite's resolved parameters, e.g. ``hyb:col_parts=1,buckets=1/2/4``), and
+    ``matrix_requirements``, what it asks beyond that (empty: any matrix converted with
+    ``convert_spec``; a hyb kernel compiled for a matrix without split rows lists them)."""
+    from .formats.registry import convert_spec, matrix_requirements
+
+    return {"convert_spec": convert_spec(format_spec), "matrix_requirements": matrix_requirements(format_spec)}
+
+
 def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> Dict:
     """Write ``kernel`` to ``path`` as a library TVM's runtime loads, with the metadata
     trailer; CUDA kernels carry SASS for ``archs`` (default: the arch compiled for).
@@ -155,6 +165,7 @@ def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> D
             "params": [{"name": p.name, "role": p.role, "dtype": p.dtype, "shape": list(p.shape),
                         "sparse": p.sparse} for p in kernel.params],
             "sparsec_version": __version__, "tvm_version": tvm.__version__, "archs": []}
+    meta.update(reuse_metadata(kernel.format_spec))
     if kernel.target.kind == "cuda":
         meta["archs"] = check_archs(archs or [kernel.target.arch])
         source = kernel.source()

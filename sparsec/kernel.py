@@ -18,6 +18,7 @@ import tvm
 from .dtypes import DtypeSpec, dtype_spec
 from .formats import FormatInstance
 from .formats.composite import CompositeInstance
+from .formats.registry import reuse_refusal
 from .targets import TargetSpec
 
 SparseMatrix = (FormatInstance, CompositeInstance)
@@ -124,8 +125,7 @@ class Kernel:
         if not isinstance(A, SparseMatrix):
             raise TypeError(f"the sparse operand should be a converted matrix (sparsec.formats.convert), "
                             f"got {type(A).__name__}")
-        if A.format.spec != self.format_spec:
-            raise ValueError(f"this kernel was compiled for format {self.format_spec}, got a matrix in {A.format.spec}")
+        _check_format(self.format_spec, A.format)
         if A.value_dtype != self.dtypes.sparse:
             raise TypeError(f"matrix values should be {self.dtypes.sparse} for this kernel, got {A.value_dtype} "
                             f"(convert with dtype={self.dtypes.sparse!r} or compile for {A.value_dtype})")
@@ -202,6 +202,16 @@ class Kernel:
         res = ev(*args)
         ms = np.array([float(r) for r in res.results]) * 1e3
         return {"median_ms": float(np.median(ms)), "min_ms": float(ms.min()), "max_ms": float(ms.max())}
+
+
+def _check_format(compiled_spec: str, fmt) -> None:
+    """The matrix's format is the one compiled for, or a composite with the same parts
+    (``formats.registry.reuse_refusal``: hyb and bsr+csr kernels run on any matrix converted
+    with their spec); else a ValueError naming the difference."""
+    if fmt.spec != compiled_spec:
+        refusal = reuse_refusal(compiled_spec, fmt)
+        if refusal is not None:
+            raise ValueError(refusal)
 
 
 def on_torch_stream(active: bool):

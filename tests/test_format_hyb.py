@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from sparsec.formats import bsr_csr, convert, hyb, make_format, rell
-from sparsec.formats.composite import CompositeInstance
+from sparsec.formats.composite import CompositeFormat, CompositeInstance
 from sparsec.formats.registry import parse_spec as registry_parse
 
 PROPS = settings(max_examples=25, deadline=None)
@@ -84,35 +84,39 @@ def assert_each_entry_once(inst, a):
 def assert_hyb_structure(h, a, p, buckets):
     hyb.check(h, full=True)
     assert isinstance(h, CompositeInstance)
-    assert h.format.param("col_parts") == p and h.format.param("buckets") == tuple(sorted(buckets))
+    b = tuple(sorted(buckets))
+    assert h.format.param("col_parts") == p and h.format.param("buckets") == b
     w_max = max(buckets)
     pw = max(-(-a.shape[1] // p), 1)
-    # per (row, column range) length, to predict the bucket and the splitting
+    # every (range, bucket) pair is a part, range-major, empty buckets included: the part
+    # list depends on the parameters only
+    assert [pt.format.param("width") for pt in h.parts] == list(b) * p
+    assert h.format.family_spec == f"hyb:col_parts={p},buckets={'/'.join(map(str, b))}"
     c = a.tocoo()
-    if a.nnz == 0:  # a single empty placeholder part
-        assert len(h.parts) == 1 and h.parts[0].stored == 0 and h.parts[0].format.param("width") == min(buckets)
-        return
-    for part in h.parts:
+    for k, part in enumerate(h.parts):
         w = part.format.param("width")
-        assert w in buckets
+        r = k // len(b)
         assert part.format.axes[0].unique == part.format.param("unique")
         rid = part.arrays["row_ids"]
         cid = part.arrays["col_ids"].reshape(-1, w)
         real = (cid >= 0).sum(axis=1)
         assert np.all(real >= 1)                      # no all-padding ELL row in hyb
-        rng_ = cid[cid >= 0] // pw
-        assert rng_.min() == rng_.max()
-        r = int(rng_[0])
+        assert np.all(cid[cid >= 0] // pw == r)       # part k holds column range k // len(buckets)
         in_range = (c.col // pw) == r
-        k = np.bincount(c.row[in_range], minlength=a.shape[0])[rid]
+        k_len = np.bincount(c.row[in_range], minlength=a.shape[0])[rid]
+        narrower = max([x for x in buckets if x < w], default=0)
         if w == w_max:
-            assert np.all(k > (max([b for b in buckets if b < w], default=0)))
+            assert np.all(k_len > narrower)
             split = np.unique(rid).size != rid.size
             assert part.format.param("unique") == (not split)
-            assert split == bool(np.any(k > w))
+            assert split == bool(np.any(k_len > w))
         else:
             assert part.format.param("unique")
-            assert np.all(k <= w) and np.all(k > max([b for b in buckets if b < w], default=0))
+            assert np.all(k_len <= w) and np.all(k_len > narrower)
+        # a bucket is empty exactly when no row of its range has a length in it
+        lens = np.bincount(c.row[in_range], minlength=a.shape[0])
+        fits = (lens > narrower) & ((lens <= w) if w != w_max else (lens > 0))
+        assert (rid.size == 0) == (not fits.any())
     if a.nnz:
         assert sum(p_.nnz for p_ in h.parts) == a.nnz
     assert h.data.size == h.stored == sum(p_.stored for p_ in h.parts)
@@ -173,13 +177,12 @@ def test_property_bsr_csr_round_trip(a, r, c, fill):
     h = bsr_csr.from_matrix(a, block=(r, c), block_fill=fill)
     bsr_csr.check(h, full=True)
     assert_exact(h, a)
-    names = [p.format.name for p in h.parts]
-    if a.nnz == 0:
-        assert names == ["csr"]
-    elif fill == 0.0:
-        assert names == ["bsr"]
-    elif fill > 1:
-        assert names == ["csr"]
+    assert [p.format.name for p in h.parts] == ["bsr", "csr"]  # always both, an empty one included
+    assert h.format.spec == f"bsr+csr:block={r}/{c},block_fill={float(fill)}[bsr:{r}x{c}+csr]"
+    if fill == 0.0:
+        assert h.parts[1].nnz == 0
+    if fill > 1 or a.nnz == 0:
+        assert h.parts[0].nnz == 0 and h.parts[0].arrays["indices"].size == 0
     assert all(p.shape == a.shape for p in h.parts)
     # every entry lands in exactly one part, and BSR holds exactly the dense-enough blocks
     keys_b = set()
@@ -213,10 +216,11 @@ def test_dominant_row_is_split():
 
 
 def test_empty_buckets_and_empty_matrices():
-    a = build(20, 20, 0.0, 0)
     a = sp.csr_matrix(sp.eye(20, dtype=np.float32))  # every row has one entry: buckets 2..64 empty
     h = hyb.from_matrix(a, col_parts=1, buckets=(1, 2, 4, 8, 16, 32, 64))
-    assert [p.format.spec for p in h.parts] == [make_format("rell:1").spec]
+    assert [p.format.spec for p in h.parts] == ["rell:1", "rell:2", "rell:4", "rell:8", "rell:16", "rell:32", "rell:64"]
+    assert [p.root_extent() for p in h.parts] == [20, 0, 0, 0, 0, 0, 0]
+    assert h.format.spec == make_format("hyb:1:1/2/4/8/16/32/64").spec.replace("rell:64,dup", "rell:64")
     assert h.stored == 20
     assert_exact(h, a)
     for m, n in ((0, 0), (0, 5), (5, 0), (4, 6)):
@@ -224,9 +228,33 @@ def test_empty_buckets_and_empty_matrices():
         for kw in ({}, {"col_parts": 3, "buckets": (2, 8)}):
             h = hyb.from_matrix(e, **kw)
             hyb.check(h, full=True)
-            assert len(h.parts) == 1 and h.stored == 0 and h.to_scipy().shape == (m, n)
-        b = bsr_csr.from_matrix(e, block=(2, 3))
-        assert [p.format.name for p in b.parts] == ["csr"] and b.to_scipy().nnz == 0
+            p, b = (kw["col_parts"], kw["buckets"]) if kw else hyb.choose_params(e)
+            assert len(h.parts) == p * len(b) and h.stored == 0 and h.to_scipy().shape == (m, n)
+            assert all(pt.root_extent() == 0 for pt in h.parts)
+        bc = bsr_csr.from_matrix(e, block=(2, 3))
+        bsr_csr.check(bc, full=True)
+        assert [p.format.name for p in bc.parts] == ["bsr", "csr"] and bc.to_scipy().nnz == 0
+
+
+def test_parts_missing_or_misplaced_are_refused():
+    """check() holds the invariant the kernels rely on: the part list is the spec's."""
+    a = build(30, 40, 0.1, 4, heavy=30)
+    h = hyb.from_matrix(a, col_parts=2, buckets=(1, 2, 4))
+    short = CompositeInstance(CompositeFormat("hyb", h.format.parts[:-1], h.format.params), h.shape,
+                              h.parts[:-1], h.nnz - h.parts[-1].nnz)
+    with pytest.raises(ValueError, match=r"should have 6 parts \(one per column range and bucket, empty ones "
+                                         r"included\), got 5"):
+        hyb.check(short)
+    swapped = [h.parts[1], h.parts[0]] + h.parts[2:]
+    bad = CompositeInstance(CompositeFormat("hyb", tuple(p.format for p in swapped), h.format.params), h.shape,
+                            swapped, h.nnz)
+    with pytest.raises(ValueError, match="part 0 should be the rell bucket of width 1 of column range 0"):
+        hyb.check(bad)
+    b = bsr_csr.from_matrix(a, block=(2, 2))
+    only = CompositeInstance(CompositeFormat("bsr+csr", (b.parts[1].format,), b.format.params), b.shape,
+                             [b.parts[1]], b.parts[1].nnz)
+    with pytest.raises(ValueError, match=r"should be \[bsr, csr\] \(an empty one included\)"):
+        bsr_csr.check(only)
 
 
 def test_float16_and_values_round_trip():
