@@ -115,7 +115,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
                          f"{indices.size * r * c} values, got {inst.data.size}")
     if full:
         V.check_indptr(indptr, MB, indices.size, major="block row")
-        V.check_range(indices, NB, V.major_ids(indptr), minor="block column", major="block row")
+        V.check_range(indices, NB, V.major_ids(indptr), minor="block column", major="block row", name="indices")
         V.check_sorted_rows(indptr, indices, what="block column indices")
         rows, _ = inst.stored_coords()
         if np.any(inst.data[rows < 0] != 0):

@@ -177,12 +177,12 @@ def check(inst: FormatInstance, full: bool = False) -> None:
         raise ValueError(f"data should have one value per slot ({col_ids.size}), got {inst.data.size}")
     if not full:
         return
-    V.check_range(row_ids, M, minor="row id", major="ELL row")
+    V.check_range(row_ids, M, minor="row id", major="ELL row", name="row_ids")
     if inst.format.param("unique") and np.unique(row_ids).size != n:
         vals, counts = np.unique(row_ids, return_counts=True)
         raise ValueError(f"row ids should be unique in a unique=True rell (use 'rell:{w},dup'), "
                          f"got row {int(vals[np.argmax(counts > 1)])} more than once")
-    V.check_padded_slots(col_ids, w, N, row="ELL row")
+    V.check_padded_slots(col_ids, w, N, row="ELL row", name="col_ids")
     rows, cols = stored_coords(inst)
     ok = rows >= 0
     key = rows[ok] * max(N, 1) + cols[ok]
