@@ -430,3 +430,29 @@ def test_integer_precision_refusals_by_capability(monkeypatch):
         build_compile("spmm", "csr", dtype="int8", feat=16)
     with pytest.raises(ValueError, match=r"spmm x srbcrs:2,float16 x float32 .*stores float16 values.*'float16'"):
         build_compile("spmm", "srbcrs:v2,float16", dtype="float32", feat=16)
+
+
+# ------------------------------------------------------------------ the checks themselves
+
+
+@pytest.mark.parametrize("where", ["last block row", "last block column"])
+def test_bsr_full_check_finds_values_past_the_edge(m, where):
+    """The edge check looks only at the last block row and column (cheap at any size)."""
+    from sparsec.formats import bsr
+
+    inst = convert(m, "bsr:4x4")  # 41 x 37: one row and one column past the edge in the last blocks
+    bsr.check(inst, full=True)
+    blocks = inst.data.copy().reshape(-1, 4, 4)
+    indptr, indices = inst.arrays["indptr"], inst.arrays["indices"]
+    if where == "last block row":
+        blocks[int(indptr[-2]), 3, 0] = 1.0  # row 43 of block row 10: past row 40
+    else:
+        blocks[int(np.flatnonzero(indices == 9)[0]), 0, 3] = 1.0  # column 39 of block column 9: past column 36
+    with pytest.raises(ValueError, match="past the logical edge should hold 0"):
+        bsr.check(by_hand(inst, **{}).with_data(blocks.reshape(-1)), full=True)
+
+
+def test_has_repeats():
+    assert not validate.has_repeats(np.array([3, 1, 2], np.int64))
+    assert validate.has_repeats(np.array([3, 1, 3], np.int64))
+    assert not validate.has_repeats(np.zeros(1, np.int64)) and not validate.has_repeats(np.zeros(0, np.int64))
