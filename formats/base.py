@@ -18,7 +18,9 @@ one built by hand, unpickled (the seal is not pickled), or changed since (an arr
 made writeable again, the shape or the format changed, ``data`` of another length); those get
 their family's full check before every launch (``formats.validate.check_before_launch``).
 Changing an index in place raises numpy's "assignment destination is read-only": copy the
-array, change the copy, put it back, and the instance is checked at its next launch.
+array, change the copy, put it back, and the instance is checked at its next launch. Code
+that hands index arrays to TVM or torch itself takes ``kernel_arrays()`` (writeable arrays
+over the same memory: DLPack refuses read-only arrays, ``torch.from_numpy`` warns).
 Not covered (deliberate circumvention): writing through the seal's private writeable arrays,
 or flipping a view writeable, writing, and flipping it back.
 """

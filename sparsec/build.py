@@ -124,10 +124,10 @@ def refuse_unsupported(operator: Operator, fmt, dtype: str) -> None:
         if st is None:
             continue
         for e in walk(st.value):
+            fraction = isinstance(e, Const) and isinstance(e.value, float) and not e.value.is_integer()
             what = ("divides" if isinstance(e, BinOp) and e.op == "/" else
                     f"calls {e.fn}" if isinstance(e, Call) and e.fn in FLOAT_ONLY_CALLS else
-                    f"uses the constant {e.value}" if isinstance(e, Const) and isinstance(e.value, float) and not e.value.is_integer() else
-                    None)
+                    f"uses the constant {e.value}" if fraction else None)
             if what:
                 raise ValueError(
                     f"{combo}: {operator.name} {what} (iteration {it.name}), which the integer precision {dtype} "
