@@ -13,19 +13,27 @@ from . import bsr, bsr_csr, csr, ell, hyb, nm, rell, srbcrs, validate
 from .axes import AXIS_KINDS, Axis, DenseFixed, DenseVariable, SparseFixed, SparseVariable
 from .base import SUPPORTED_VALUE_DTYPES, Format, FormatInstance
 from .composite import CompositeFormat, CompositeInstance
-from .convert import as_csr
+from .convert import Canonical, as_csr
 from .registry import families, make_format, module_for, parse_spec
 
 
 def convert(matrix, fmt_or_spec, **kw) -> FormatInstance:
     """``matrix`` (anything ``as_csr`` accepts) stored in a format given as a Format or
-    a spec string; keyword arguments (shape, dtype, block, width) override the spec's."""
+    a spec string; keyword arguments (shape, dtype, block, width) override the spec's.
+    The result is sealed (``FormatInstance.seal``; every part of a composite): its index arrays
+    are read-only and a kernel call trusts them without a pass over them; an instance changed
+    since (an array replaced, the shape changed) is checked in full before each launch."""
     if isinstance(fmt_or_spec, (Format, CompositeFormat)):
         m, params = module_for(fmt_or_spec), dict(fmt_or_spec.params)
     else:
         m, params = parse_spec(fmt_or_spec)
     params.update(kw)
-    return m.from_matrix(matrix, **params)
+    inst = m.from_matrix(matrix, **params)
+    # sealed without another pass: every family builds its indices from a validated canonical
+    # CSR; only a Canonical input can share its arrays with the result, so those are copied
+    for part in inst.parts if isinstance(inst, CompositeInstance) else (inst,):
+        part.seal(checked=True, copy=isinstance(matrix, Canonical))
+    return inst
 
 
 __all__ = [

@@ -23,11 +23,27 @@ in one of two ways, both readable by lowering:
 
 Lowering reads only ``Format.axes`` and the array names; conversions, validation and
 statistics live in the per-format modules (``csr.py``, ``bsr.py``, ``ell.py``).
+
+Trust: a kernel reads index arrays without bounds checks, so an out-of-range index is an
+out-of-bounds read. ``convert`` builds every index from a validated canonical CSR and then
+*seals* the instance (``FormatInstance.seal``): ``arrays`` then holds read-only views, and the
+seal records what was vouched for -- the format, the shape, the view objects, the number of
+value slots -- with a token of this process. ``is_sealed()`` compares those (a few attribute
+reads, no pass over the data), so a kernel call tells a converted, unmodified instance from
+one built by hand, unpickled (the seal is not pickled), or changed since (an array replaced or
+made writeable again, the shape or the format changed, ``data`` of another length); those get
+their family's full check before every launch (``formats.validate.check_before_launch``).
+Changing an index in place raises numpy's "assignment destination is read-only": copy the
+array, change the copy, put it back, and the instance is checked at its next launch. Code
+that hands index arrays to TVM or torch itself takes ``kernel_arrays()`` (writeable arrays
+over the same memory: DLPack refuses read-only arrays, ``torch.from_numpy`` warns).
+Not covered (deliberate circumvention): writing through the seal's private writeable arrays,
+or flipping a view writeable, writing, and flipping it back.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,6 +51,22 @@ import scipy.sparse as sp
 from .axes import Axis
 
 SUPPORTED_VALUE_DTYPES = ("float32", "float64", "float16")
+
+# identifies this process: a seal that reached another process by any route other than
+# pickle (which drops it) carries another object there, so the instance is checked again
+_PROCESS_TOKEN = object()
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What ``FormatInstance.seal`` vouched for (see the module docstring)."""
+
+    token: Any
+    format: Any
+    shape: Tuple[int, int]
+    views: Dict[str, np.ndarray]  # the read-only arrays ``arrays`` holds
+    kernel_arrays: Dict[str, np.ndarray]  # writeable arrays over the same memory (DLPack takes no read-only)
+    data_size: int
 
 # family name -> the module that knows its layout (root_extent, stored_coords); filled in by
 # formats.registry, so that this module depends on no format module
@@ -135,6 +167,7 @@ class FormatInstance:
     nnz: int
     conversion_s: float = 0.0
     _coords: Any = field(default=None, repr=False, compare=False)
+    _seal: Any = field(default=None, repr=False, compare=False)  # a Seal (see the module docstring)
 
     @property
     def dtype(self) -> np.dtype:
@@ -232,7 +265,8 @@ class FormatInstance:
         want = self.data.size if self.format.value_bits == 4 and data.dtype == np.int8 else self.stored
         if data.size != want:
             raise ValueError(f"data should have {want} entries, got {data.size}")
-        return FormatInstance(self.format, self.shape, self.arrays, data, self.nnz, self.conversion_s, self._coords)
+        return FormatInstance(self.format, self.shape, self.arrays, data, self.nnz, self.conversion_s, self._coords,
+                              _seal=self._seal)
 
     def astype(self, dtype) -> "FormatInstance":
         dtype = np.dtype(dtype)
@@ -240,6 +274,59 @@ class FormatInstance:
             raise TypeError(f"value dtype should be one of {SUPPORTED_VALUE_DTYPES}, got {dtype.name}")
         return self.with_data(self.data.astype(dtype))
 
+    # ---- trust (see the module docstring) ------------------------------------------------------
+    def seal(self, checked: bool = False, copy: Optional[bool] = None) -> "FormatInstance":
+        """Vouch for the index arrays, so that kernel calls skip the full index check while the
+        instance stays as it is now. Without ``checked``, the family's full check runs first
+        and the arrays are copied (nothing outside the instance then refers to them): the way
+        to give an instance built by hand the free path. ``checked=True`` (``convert``): the
+        arrays were just built from validated input; ``copy`` (default: not ``checked``) says
+        whether something outside may hold them."""
+        copy = not checked if copy is None else copy
+        if not checked:
+            self._seal, self._coords = None, None  # coords: a cache, stale if an array was replaced
+            _family(self.format).check(self, full=True)
+        own = {}
+        for n in self.format.index_array_names():
+            a = self.arrays[n]
+            own[n] = a.copy() if copy or not a.flags.writeable else a
+        views = {}
+        for n, a in own.items():
+            views[n] = a.view()
+            views[n].flags.writeable = False
+        self.arrays.update(views)
+        self._seal = Seal(_PROCESS_TOKEN, self.format, tuple(self.shape), views, own, int(self.data.size))
+        return self
+
+    def is_sealed(self) -> bool:
+        """Whether the instance is as ``seal`` left it, in this process: the same format, shape
+        and (read-only) index array objects, and as many value slots. O(number of arrays)."""
+        s = self._seal
+        if s is None or s.token is not _PROCESS_TOKEN or tuple(self.shape) != s.shape or \
+                (self.format is not s.format and self.format != s.format):
+            return False
+        data = self.data
+        if not isinstance(data, np.ndarray) or data.ndim != 1 or data.size != s.data_size:
+            return False
+        arrays = self.arrays
+        return all(arrays.get(n) is a and not a.flags.writeable for n, a in s.views.items())
+
+    def kernel_arrays(self) -> Dict[str, np.ndarray]:
+        """The index arrays to hand a kernel, by name: a sealed instance's writeable arrays
+        (the same objects every call, so device copies can be cached); otherwise ``arrays``,
+        read-only ones copied (DLPack cannot export them)."""
+        if self.is_sealed():
+            return dict(self._seal.kernel_arrays)
+        return {n: a if a.flags.writeable else a.copy()
+                for n, a in ((n, self.arrays[n]) for n in self.format.index_array_names())}
+
+    def __getstate__(self):
+        """Pickle without the seal (the unpickled copy is checked before its first launch) and
+        without device copies a kernel cached on the instance."""
+        state = dict(self.__dict__)
+        state["_seal"] = None
+        state.pop("_device_arrays", None)
+        return state
 
 def masked_coords(inst: "FormatInstance", rows: np.ndarray, cols: np.ndarray):
     """``(rows, cols)`` with the slots the instance's slot mask marks as padding set to -1

@@ -63,7 +63,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
         raise ValueError(f"nnz should be len(indices) = {indices.size}, got {inst.nnz}")
     if full:
         V.check_indptr(indptr, rows, indices.size)
-        V.check_range(indices, cols, V.major_ids(indptr))
+        V.check_range(indices, cols, V.major_ids(indptr), name="indices")
         V.check_sorted_rows(indptr, indices)
 
 

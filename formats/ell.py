@@ -99,7 +99,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     if inst.data.size != indices.size:
         raise ValueError(f"data should have one value per slot ({indices.size}), got {inst.data.size}")
     if full:
-        V.check_padded_slots(indices, w, cols, row="row")
+        V.check_padded_slots(indices, w, cols, row="row", name="indices")
         pad = indices.reshape(rows, w) < 0
         if int((~pad).sum()) != inst.nnz:
             raise ValueError(f"nnz should be the number of non-padding slots {int((~pad).sum())}, got {inst.nnz}")

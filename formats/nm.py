@@ -345,8 +345,8 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     bad = np.flatnonzero(((grid < -1) | (grid >= m)).any(axis=1))
     if bad.size:
         rv, w = divmod(int(bad[0]), nw)
-        raise ValueError(f"in-window offsets should be in [0, {m}) or -1 (unused), got {grid[bad[0]].tolist()} "
-                         f"in {'row' if vec == 1 else 'row vector'} {rv}, window {w}")
+        raise ValueError(f"in-window offsets should be in [0, {m}) or -1 (unused) (in indices), "
+                         f"got {grid[bad[0]].tolist()} in {'row' if vec == 1 else 'row vector'} {rv}, window {w}")
     col = (np.arange(nv * nw) % nw)[:, None] * m + grid
     past = np.flatnonzero(((grid >= 0) & (col >= cols)).any(axis=1))
     if past.size:

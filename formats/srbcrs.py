@@ -374,7 +374,7 @@ def check(inst: FormatInstance, full: bool = False) -> None:
     if bad.size:
         k = int(bad[0])
         raise ValueError(f"column index {int(srt[k])} in vector row {int(owner[k])} is out of range: should be "
-                         f"in [0, {N})")
+                         f"in [0, {N}) (in indices)")
     bad = np.flatnonzero(~real & (srt != -1))
     if bad.size:
         k = int(bad[0])

@@ -28,7 +28,7 @@ from typing import Tuple
 
 import numpy as np
 
-from .base import SUPPORTED_VALUE_DTYPES
+from .base import FAMILIES, SUPPORTED_VALUE_DTYPES
 
 INT32_MAX = np.iinfo(np.int32).max
 
@@ -122,13 +122,15 @@ def major_ids(indptr: np.ndarray) -> np.ndarray:
 
 
 def check_range(idx: np.ndarray, bound: int, owner: np.ndarray | None = None,
-                minor: str = "column", major: str = "row") -> None:
-    """Every index in [0, bound); names the first offender and its row (or position)."""
+                minor: str = "column", major: str = "row", name: str | None = None) -> None:
+    """Every index in [0, bound); names the first offender, its row (or position) and, given
+    ``name``, the array and the position in it."""
     bad = np.flatnonzero((idx < 0) | (idx >= bound))
     if bad.size:
         k = int(bad[0])
         where = f"in {major} {int(owner[k])}" if owner is not None else f"at position {k}"
-        raise ValueError(f"{minor} index {int(idx[k])} {where} is out of range: should be in [0, {bound})")
+        array = f" (at {name}[{k}])" if name else ""
+        raise ValueError(f"{minor} index {int(idx[k])} {where} is out of range: should be in [0, {bound}){array}")
 
 
 def canonical(rowid: np.ndarray, cols: np.ndarray, data: np.ndarray, n_rows: int,
@@ -214,14 +216,16 @@ def check_instance_arrays(inst, names, value_dtypes=SUPPORTED_VALUE_DTYPES) -> N
         raise TypeError(f"value dtype should be one of {', '.join(value_dtypes)}, got {d.dtype.name}")
 
 
-def check_padded_slots(indices: np.ndarray, width: int, cols: int, row: str = "row") -> None:
+def check_padded_slots(indices: np.ndarray, width: int, cols: int, row: str = "row",
+                       name: str | None = None) -> None:
     """ELL-style slots (``width`` per row): column indices in [0, cols), strictly increasing
-    within a row, then -1 padding after the row's entries."""
+    within a row, then -1 padding after the row's entries. ``name``: the array, for messages."""
     bad = np.flatnonzero((indices < -1) | (indices >= cols))
     if bad.size:
         k = int(bad[0])
+        array = f" (at {name}[{k}])" if name else ""
         raise ValueError(f"column index {int(indices[k])} in {row} {k // width} is out of range: "
-                         f"should be in [0, {cols}) or -1 (padding)")
+                         f"should be in [0, {cols}) or -1 (padding){array}")
     grid = indices.reshape(-1, width).astype(np.int64)
     pad = grid < 0
     if width > 1:
@@ -232,3 +236,60 @@ def check_padded_slots(indices: np.ndarray, width: int, cols: int, row: str = "r
             r = np.flatnonzero(mask.any(axis=1))
             if r.size:
                 raise ValueError(f"{what}, got {row} {int(r[0])}: {grid[r[0]].tolist()[:16]}")
+
+
+def has_repeats(keys: np.ndarray) -> bool:
+    """Whether any value occurs twice: a sort and one comparison (``np.unique`` hashes, which
+    costs ~7x as much on a million int64 keys with numpy 2.4)."""
+    if keys.size < 2:
+        return False
+    s = np.sort(keys)
+    return bool((s[1:] == s[:-1]).any())
+
+
+def check_before_launch(inst) -> None:
+    """Before a kernel reads ``inst``'s index arrays. An instance ``convert`` made and sealed,
+    unchanged since, costs a few attribute reads (``FormatInstance.is_sealed``; a composite:
+    the same parts, each sealed, in the composite's shape and part formats). Any other (built
+    by hand, unpickled, changed since) gets its family's full check first -- each part of a
+    composite, then the composite's own -- so that an out-of-range index is a ValueError naming
+    the array, the row and the value, never an out-of-bounds read. Its cost is measured by
+    ``benchmarks/time_index_check.py``."""
+    if is_trusted(inst):
+        return
+    parts = getattr(inst, "parts", None)
+    where = f"the {inst.format.spec} matrix (not sealed by convert: built by hand, unpickled, or changed since)"
+    try:
+        try:
+            _full_check(inst)
+        except (ValueError, TypeError):
+            for k, part in enumerate(parts or ()):  # on failure only: which part (the check ran them all)
+                try:
+                    _full_check(part)
+                except (ValueError, TypeError) as e:
+                    raise type(e)(f"part {k} ({part.format.spec}): {e}") from None
+            raise
+        if parts is not None and inst.data.size != sum(p.data.size for p in parts):
+            raise ValueError(f"data should hold the parts' {sum(p.data.size for p in parts)} values, got "
+                             f"{inst.data.size}; build the composite again rather than replacing a part's data")
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{where} failed the index check made before a kernel reads it: {e}") from None
+
+
+def is_trusted(inst) -> bool:
+    """Whether ``inst`` is as ``convert`` sealed it (see ``check_before_launch``)."""
+    parts = getattr(inst, "parts", None)
+    if parts is None:
+        return inst.is_sealed()
+    fmt_parts = inst.format.parts
+    shape = tuple(inst.shape)
+    return (len(parts) == len(fmt_parts) and inst.data.size == sum(p.data.size for p in parts)
+            and all(p.is_sealed() and tuple(p.shape) == shape and (p.format is f or p.format == f)
+                    for p, f in zip(parts, fmt_parts)))
+
+
+def _full_check(inst) -> None:
+    """The family's full check, on coordinates recomputed from the current arrays."""
+    for p in getattr(inst, "parts", None) or (inst,):
+        p._coords = None  # a cache of stored_coords, stale if an array was replaced
+    FAMILIES[inst.format.name].check(inst, full=True)

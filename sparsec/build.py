@@ -16,6 +16,7 @@ from tvm import s_tir
 from . import ops as library
 from .dsl import Operator
 from .dtypes import dtype_spec
+from .expr import BinOp, Call, Const, walk
 from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
@@ -74,6 +75,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         raise ValueError(f"format {fmt.spec} needs its width to compile (axis {unset[0]}); give 'ell:W' "
                          "or compile for a converted matrix, whose width is known")
     dtype = dtype_spec(dtype or "float32").name
+    refuse_unsupported(operator, fmt, dtype)
     spec = parse_target(target)
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda")
     config = {}
@@ -91,6 +93,46 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())
+
+
+FLOAT_ONLY_CALLS = ("exp", "sqrt")  # DSL calls whose result is not an integer
+
+
+def refuse_unsupported(operator: Operator, fmt, dtype: str) -> None:
+    """Refuse, before anything is lowered, an operator x format x dtype the pipeline cannot
+    compile, naming the combination and why (instead of TVM's complaint about the TVMScript
+    it was handed, or a kernel no matrix can be given to). By capability, never by name:
+
+    * a format that stores one precision declares it (its ``dtype`` parameter: SR-BCRS) and
+      takes kernels of that dtype only;
+    * an integer precision (int8/int4 values, exact int32 results) needs a format that
+      stores integers (one that declares an integer ``dtype``), and an operator that stays in
+      the integers: no division, no ``exp``/``sqrt``, no fractional constant."""
+    spec = dtype_spec(dtype)
+    combo = f"{operator.name} x {fmt.spec} x {dtype} is not supported"
+    parts = fmt.parts if isinstance(fmt, CompositeFormat) else (fmt,)
+    declared = sorted({p.param("dtype") for p in parts if p.param("dtype")})
+    if declared and declared != [spec.sparse]:
+        raise ValueError(f"{combo}: the format stores {declared[0]} values; compile it with dtype={declared[0]!r}")
+    if not spec.exact:
+        return
+    if not declared:
+        raise ValueError(f"{combo}: {fmt.spec} stores float values, and the integer precision {dtype} needs a "
+                         f"format that stores integers (srbcrs, e.g. 'srbcrs:v8,{dtype}'), or compile for float32")
+    for it in operator.iterations:
+        st = it.statement
+        if st is None:
+            continue
+        for e in walk(st.value):
+            fraction = isinstance(e, Const) and isinstance(e.value, float) and not e.value.is_integer()
+            what = ("divides" if isinstance(e, BinOp) and e.op == "/" else
+                    f"calls {e.fn}" if isinstance(e, Call) and e.fn in FLOAT_ONLY_CALLS else
+                    f"uses the constant {e.value}" if fraction else None)
+            if what:
+                raise ValueError(
+                    f"{combo}: {operator.name} {what} (iteration {it.name}), which the integer precision {dtype} "
+                    f"(exact {spec.out} results) cannot compute; compile it with a float dtype (float16, float32) "
+                    f"and a format that stores floats")
 
 
 def _param_specs(program):

@@ -1,10 +1,17 @@
 """A compiled operator: call it on a format instance plus numpy arrays or torch tensors.
 
-Arguments are checked against the kernel's metadata before anything runs (format,
-dtype, shapes, devices), so a mismatch is a Python exception that names it rather
-than a crash inside generated code. torch tensors (CPU or CUDA) and numpy arrays on
-the CPU pass through DLPack without copies; numpy inputs to a CUDA kernel are copied
-to the GPU (once per format instance for its index arrays).
+Arguments are checked against the kernel's metadata before anything runs, so a mismatch is
+a Python exception that names the argument rather than a crash inside generated code or a
+raw TVM/DLPack message. In order: a CUDA kernel with no GPU visible (RuntimeError); the
+matrix (type, format, value dtype, then its index arrays: ``formats.validate.
+check_before_launch``, free for an instance sealed by ``convert``, a full check otherwise);
+each dense input (count, shape, dtype, device); each ``out=`` array (shape, dtype, device,
+C-contiguous, writeable, native byte order: it is written in place, so it is never copied).
+Inputs that are merely awkward are made to fit: strided views, read-only and non-native
+byte-order numpy arrays are copied, non-contiguous torch tensors made contiguous.
+torch tensors (CPU or CUDA) and numpy arrays on the CPU pass through DLPack without copies;
+numpy inputs to a CUDA kernel are copied to the GPU (once per format instance for its
+index arrays and values).
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from .dtypes import DtypeSpec, dtype_spec
 from .formats import FormatInstance
 from .formats.composite import CompositeInstance
 from .formats.registry import reuse_refusal
+from .formats.validate import check_before_launch
 from .targets import TargetSpec
 
 SparseMatrix = (FormatInstance, CompositeInstance)
@@ -89,7 +97,11 @@ class Kernel:
 
     def prepare(self, A, *dense, out=None, poison: bool = False):
         """Checked argument list for the compiled function, the outputs, and whether the
-        caller passed torch tensors."""
+        caller passed torch tensors. The no-GPU refusal comes first: nothing about the
+        arguments can make the call run, and it spares a full index check."""
+        if self.target.kind == "cuda" and not _gpu_visible():
+            raise RuntimeError(f"this {self.op_name} kernel targets CUDA ({self.target.name}) but no CUDA GPU is "
+                               f"visible to this process; compile for target='llvm' to run on the CPU")
         self._check_instance(A)
         inputs = self.inputs
         if len(dense) != len(inputs):
@@ -129,6 +141,7 @@ class Kernel:
         if A.value_dtype != self.dtypes.sparse:
             raise TypeError(f"matrix values should be {self.dtypes.sparse} for this kernel, got {A.value_dtype} "
                             f"(convert with dtype={self.dtypes.sparse!r} or compile for {A.value_dtype})")
+        check_before_launch(A)  # free for an instance sealed by convert
 
     def _expected_shape(self, p: ParamSpec, sizes) -> Tuple[int, ...]:
         return tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
@@ -143,13 +156,55 @@ class Kernel:
         if dtype != p.dtype:
             raise TypeError(f"{self.op_name}: {p.name} should be {p.dtype}, got {dtype}")
         if _is_torch(x):
-            if _torch_device_kind(x) != self.target.kind:
-                raise ValueError(f"{self.op_name}: {p.name} is on {x.device} but the kernel runs on {self.target.name}")
+            self._check_torch(p.name, x)
             return x.contiguous() if not x.is_contiguous() else x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{self.op_name}: {p.name} should be a numpy array or torch tensor, got {type(x).__name__}")
-        x = np.ascontiguousarray(x)
+        x = _exportable(x)  # the kernel only reads an input: a copy in C order is as good
         return x if self.target.kind == "llvm" else tvm.runtime.tensor(_compact(x), dev)
+
+    def _check_torch(self, name: str, x) -> None:
+        """Device and autograd of a torch argument (DLPack would refuse both with its own words)."""
+        want = "cuda" if self.target.kind == "cuda" else "cpu"
+        kind = x.device.type
+        if kind == "meta":
+            raise ValueError(f"{self.op_name}: {name} is a torch meta tensor, which has a shape but no data for a "
+                             f"kernel to read; give a {want} tensor (sparsec.torch ops trace meta tensors)")
+        if kind != want:
+            raise ValueError(f"{self.op_name}: {name} is on {x.device} but the kernel runs on {self.target.name}; "
+                             f"give a {want} tensor")
+        if kind == "cuda" and (x.device.index or 0) != self.target.device().device_id:
+            raise ValueError(f"{self.op_name}: {name} is on {x.device} but the kernel runs on cuda:"
+                             f"{self.target.device().device_id}")
+        if x.requires_grad:
+            raise ValueError(f"{self.op_name}: {name} requires grad, and a kernel call records no gradient; pass "
+                             f"it .detach()-ed, or use sparsec.torch.spmm, which has a backward pass")
+
+    def _check_out(self, p: ParamSpec, x, shape) -> None:
+        """``out=`` is written in place, so it cannot be copied to make it fit: refuse by name."""
+        if not (_is_torch(x) or isinstance(x, np.ndarray)):
+            raise TypeError(f"{self.op_name}: out {p.name} should be a numpy array or torch tensor, "
+                            f"got {type(x).__name__}")
+        if tuple(x.shape) != shape or _dtype_name(x) != p.dtype:
+            raise ValueError(f"out {p.name} should be {p.dtype} with shape {shape}, "
+                             f"got {_dtype_name(x)} {tuple(x.shape)}")
+        if _is_torch(x):
+            self._check_torch(f"out {p.name}", x)
+            contiguous = x.is_contiguous()
+        else:
+            if self.target.kind == "cuda":
+                raise ValueError(f"{self.op_name}: out {p.name} is a numpy array (host memory) but the kernel runs "
+                                 f"on {self.target.name}; give a CUDA torch tensor, or no out=")
+            if not x.flags.writeable:
+                raise ValueError(f"{self.op_name}: out {p.name} is a read-only numpy array, and the kernel writes "
+                                 "it in place; pass a writeable array")
+            if not x.dtype.isnative:
+                raise ValueError(f"{self.op_name}: out {p.name} has non-native byte order ({x.dtype.str}), which "
+                                 f"a kernel cannot write; pass a {p.dtype} array in native order")
+            contiguous = x.flags.c_contiguous
+        if not contiguous:
+            raise ValueError(f"{self.op_name}: out {p.name} should be C-contiguous, as the kernel writes it in "
+                             f"place, got a strided view; pass a contiguous array and copy it into the view")
 
     def _outputs(self, A, sizes, out, like_torch, dense, poison):
         outs = {}
@@ -162,9 +217,7 @@ class Kernel:
             shape = (A.stored,) if p.sparse else self._expected_shape(p, sizes)
             if p.role == "output" and given:
                 x = given[i]
-                if tuple(x.shape) != shape or _dtype_name(x) != p.dtype:
-                    raise ValueError(f"out {p.name} should be {p.dtype} with shape {shape}, "
-                                     f"got {_dtype_name(x)} {tuple(x.shape)}")
+                self._check_out(p, x, shape)
                 outs[p.name] = x
                 continue
             outs[p.name] = _alloc(shape, p.dtype, self.target, like_torch, dense, poison or p.role == "temp")
@@ -175,13 +228,16 @@ class Kernel:
         host = index_arrays(A)
         host["__data__"] = A.data
         if self.target.kind == "llvm":
+            host["__data__"] = _exportable(A.data)
             return host
+        # keyed by the host arrays themselves, so that a replaced array is copied again
         cache = A.__dict__.setdefault("_device_arrays", {})
-        key = (str(dev), id(A.data))
-        if key not in cache:
+        key = str(dev)
+        hit = cache.get(key)
+        if hit is None or hit[0].keys() != host.keys() or any(hit[0][n] is not a for n, a in host.items()):
             cache.clear()
-            cache[key] = {n: tvm.runtime.tensor(_compact(a), dev) for n, a in host.items()}
-        return cache[key]
+            hit = cache[key] = (host, {n: tvm.runtime.tensor(_compact(_exportable(a)), dev) for n, a in host.items()})
+        return hit[1]
 
     def _finish(self, outs, like_torch):
         res = []
@@ -227,12 +283,13 @@ def on_torch_stream(active: bool):
 
 def index_arrays(A) -> Dict[str, np.ndarray]:
     """The matrix's index arrays by kernel parameter name (a composite's parts prefixed p<k>_),
-    and its slot mask where the format has one (a kernel that guards on padding takes it)."""
+    and its slot mask where the format has one (a kernel that guards on padding takes it).
+    Index arrays come from ``kernel_arrays`` (writeable, the same objects every call)."""
     parts = A.parts if isinstance(A, CompositeInstance) else [A]
     out = {}
     for k, part in enumerate(parts):
         prefix = f"p{k}_" if isinstance(A, CompositeInstance) else ""
-        out.update({prefix + n: part.arrays[n] for n in part.format.index_array_names()})
+        out.update({prefix + n: a for n, a in part.kernel_arrays().items()})
         if part.format.slot_mask:
             out[prefix + part.format.slot_mask] = part.slot_mask()
     return out
@@ -250,12 +307,31 @@ def scalar_values(A) -> Dict[str, int]:
     return out
 
 
+_GPU_VISIBLE: Optional[bool] = None
+
+
+def _gpu_visible() -> bool:
+    """Whether a CUDA GPU is visible (asked once per process: the answer does not change)."""
+    global _GPU_VISIBLE
+    if _GPU_VISIBLE is None:
+        try:
+            _GPU_VISIBLE = bool(tvm.cuda(0).exist)
+        except Exception:  # noqa: BLE001 - a TVM built without CUDA, or no driver
+            _GPU_VISIBLE = False
+    return _GPU_VISIBLE
+
+
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _torch_device_kind(x) -> str:
-    return "cuda" if x.device.type == "cuda" else "llvm"
+def _exportable(x: np.ndarray) -> np.ndarray:
+    """``x`` as an array DLPack exports and a kernel reads flat: 1-D or as given, C-contiguous,
+    writeable (DLPack refuses read-only arrays), native byte order; copied only if needed."""
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    x = np.ascontiguousarray(x)
+    return x if x.flags.writeable else x.copy()
 
 
 def _dtype_name(x) -> str:

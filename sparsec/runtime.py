@@ -50,7 +50,9 @@ def check_compatible(meta: Dict[str, Any], path: str, compute_capability: Option
     if meta.get("target") == "cuda":
         archs = meta.get("archs") or []
         if compute_capability is None:
-            raise IncompatibleModuleError(f"{path} holds CUDA kernels ({', '.join(archs)}) but no CUDA GPU is visible")
+            raise IncompatibleModuleError(f"{path} holds CUDA kernels ({', '.join(archs)}) but no CUDA GPU is visible "
+                                          "to this process; load it where a GPU is, or export an llvm build of the "
+                                          "kernel to run on the CPU")
         if not any(arch_runs_on(a, compute_capability) for a in archs):
             raise IncompatibleModuleError(
                 f"{path} carries SASS for {', '.join(archs)}, which does not run on this GPU (compute capability "
@@ -110,10 +112,18 @@ def load(path, *, compute_capability: Optional[str] = None):
     path = os.fspath(path)
     meta, _ = read_metadata(path)
     if meta.get("target") == "cuda":
+        no_loader = None
         if compute_capability is None:
-            _ensure_cuda_loader()  # runtime-only TVM has no CUDA device API until this is open
-            compute_capability = local_compute_capability()
-        check_compatible(meta, path, compute_capability)
+            try:
+                _ensure_cuda_loader()  # runtime-only TVM has no CUDA device API until this is open
+            except IncompatibleModuleError as e:  # no driver: refused below as "no CUDA GPU is visible"
+                no_loader = e
+            else:
+                compute_capability = local_compute_capability()
+        try:
+            check_compatible(meta, path, compute_capability)
+        except IncompatibleModuleError as e:
+            raise e from no_loader
         _ensure_cuda_loader()
     else:
         check_compatible(meta, path, compute_capability)

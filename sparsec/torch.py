@@ -27,7 +27,8 @@ import scipy.sparse as sp
 import torch
 
 from .dtypes import dtype_spec
-from .formats import FormatInstance, convert
+from .formats import CompositeInstance, FormatInstance, convert
+from .formats.validate import check_before_launch, is_trusted
 from .kernel import index_arrays, on_torch_stream, scalar_values
 
 __all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for"]
@@ -244,9 +245,15 @@ class SparseTensor:
 
     def __init__(self, matrix, fmt: str = "csr", *, device="cpu", dtype=None, requires_grad: bool = False,
                  grad: Optional[bool] = None, feat: Optional[int] = None):
-        if isinstance(matrix, FormatInstance):
+        device = torch.device(device)
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device should be cpu or cuda (where sparsec kernels run), got {device}")
+        if isinstance(matrix, (FormatInstance, CompositeInstance)):
             inst = matrix
+            own = not is_trusted(inst)  # built by hand or changed: checked now, its arrays copied
+            check_before_launch(inst)
         else:
+            own = False
             m = sp.csr_matrix(matrix)
             if fmt == "auto":
                 from .formats.choose import default_format, row_stats
@@ -258,8 +265,9 @@ class SparseTensor:
                             "use int8 SR-BCRS, or sparsec.compile for int4")
         self.instance, self.format, self.shape = inst, inst.format.spec, tuple(inst.shape)
         self.key = _register(inst)
-        device = torch.device(device)
-        self.index = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in index_arrays(inst).values()]
+        # from an instance not sealed by convert, a copy: the caller's arrays may change later
+        self.index = [torch.from_numpy(np.array(a, copy=True) if own else np.ascontiguousarray(a)).to(device)
+                      for a in index_arrays(inst).values()]
         self.values = torch.from_numpy(np.ascontiguousarray(inst.data)).to(device).requires_grad_(requires_grad)
         # 1 at the matrix's entries, 0 at padding slots the indices do not mark (a BSR block's
         # implicit zeros are no parameters): SDDMM with it is dA, 0 on padding; None: all ones

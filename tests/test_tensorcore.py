@@ -44,7 +44,8 @@ def test_staged_operator_matches_float64(bs, feat, n_tile, stages):
     C = np.full((rows, feat), np.nan, np.float32)
     ex = tvm.compile(tc.staged_spmm(bs, feat, n_tile, "float16", stages), target="llvm")
     n_io = A.arrays["indptr"].size - 1
-    ex["spmm"](A.arrays["indptr"], A.arrays["indices"], A.data, B, C, n_io, rows, cols)
+    arrays = A.kernel_arrays()  # writeable: DLPack refuses the read-only views in A.arrays
+    ex["spmm"](arrays["indptr"], arrays["indices"], A.data, B, C, n_io, rows, cols)
     ref = dense.astype(np.float64) @ B.astype(np.float64)
     np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-4)
     assert np.all(C[bs:2 * bs] == 0)

@@ -217,7 +217,8 @@ class Bench:
         inst, info = workload.convert(group.matrix, case.spec, params, case.dtype)
         family = formats.parse_spec(case.spec)[0].NAME
         if family == "csr":  # the peers multiply exactly the arrays sparsec does
-            indptr, indices, values = inst.arrays["indptr"], inst.arrays["indices"], inst.data
+            arrays = inst.kernel_arrays()  # writeable (torch.from_numpy warns on the read-only views)
+            indptr, indices, values = arrays["indptr"], arrays["indices"], inst.data
         else:  # the stored entries as CSR; explicit zeros inside blocks are not work for a CSR peer
             m = inst.to_scipy()
             m.eliminate_zeros()
@@ -236,7 +237,8 @@ class Bench:
         if family == "bsr":
             r, c = params["block"]
             mat["block"] = (r, c)
-            mat["bsr"] = (torch.from_numpy(inst.arrays["indptr"]).to(dev), torch.from_numpy(inst.arrays["indices"]).to(dev),
+            arrays = inst.kernel_arrays()
+            mat["bsr"] = (torch.from_numpy(arrays["indptr"]).to(dev), torch.from_numpy(arrays["indices"]).to(dev),
                           torch.from_numpy(inst.data).to(dev).reshape(-1, r, c))
         if case.op == "sddmm" and family != "csr":  # sparsec's output is one value per stored slot
             srows, scols = inst.stored_coords()
