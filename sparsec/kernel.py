@@ -24,6 +24,7 @@ import tvm
 
 from .dtypes import DtypeSpec, dtype_spec
 from .formats import FormatInstance
+from .formats.base import check_slot_mask
 from .formats.composite import CompositeInstance
 from .formats.registry import reuse_refusal
 from .formats.validate import check_before_launch
@@ -291,6 +292,7 @@ def index_arrays(A) -> Dict[str, np.ndarray]:
         prefix = f"p{k}_" if isinstance(A, CompositeInstance) else ""
         out.update({prefix + n: a for n, a in part.kernel_arrays().items()})
         if part.format.slot_mask:
+            check_slot_mask(part)  # O(1); the seal does not cover the mask (it is not an index array)
             out[prefix + part.format.slot_mask] = part.slot_mask()
     return out
 

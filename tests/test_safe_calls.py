@@ -456,3 +456,16 @@ def test_has_repeats():
     assert not validate.has_repeats(np.array([3, 1, 2], np.int64))
     assert validate.has_repeats(np.array([3, 1, 3], np.int64))
     assert not validate.has_repeats(np.zeros(1, np.int64)) and not validate.has_repeats(np.zeros(0, np.int64))
+
+
+def test_slot_mask_replaced_after_convert_is_refused_before_launch(m):
+    """The seal covers the index arrays; the slot mask of a padded format is checked on every
+    call (its size bounds what a guarding kernel reads)."""
+    import dsl_ops
+
+    A = convert(m, "bsr:4x4")
+    kernel = sparsec.compile(dsl_ops.row_max(), A, target="llvm")
+    assert A.is_sealed()
+    A.arrays["valid"] = A.arrays["valid"][:-3].copy()
+    with pytest.raises(ValueError, match=r"slot mask.*one entry per stored slot"):
+        kernel(A)
