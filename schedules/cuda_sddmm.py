@@ -387,9 +387,18 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
                 cache = sch.cache_read(blk, names.index(name), "local")
                 sch.compute_at(cache, k_l)
                 sch.vectorize(sch.get_loops(cache)[-1])
-    fuse_scale_epilogue(sch, nest)  # srefs survive by name only
+    fused = fuse_scale_epilogue(sch, nest)  # srefs survive by name only
     blk = inner_block(sch, nest)
     *_, p_o, p_g, k_o, k_l, k_v = sch.get_loops(blk)
+    if not fused:
+        # No epilogue writes the entry: reduce into a register and store it from a block of its
+        # own under the entry loop, which carries the split's predicate (entries past the row's
+        # end). TVM's cross-thread lowering drops the block predicate from the store it makes
+        # itself, so a lane group past the row's end would overwrite the next row's entries.
+        store = sch.cache_write(blk, 0, "local")
+        sch.reverse_compute_at(store, p_g)
+        blk = inner_block(sch, nest)
+        *_, p_o, p_g, k_o, k_l, k_v = sch.get_loops(blk)
     sch.bind(p_g, "threadIdx.y")
     sch.bind(k_l, "threadIdx.x")
     sch.unroll(k_v)

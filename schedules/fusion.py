@@ -4,8 +4,9 @@ Each part of a composite format (hyb's buckets, bsr+csr's pieces) is its own loo
 whose row loop the template binds to ``blockIdx.x``. Launched one by one, the narrow parts
 are tiny kernels and the launches serialise. Fused, one grid holds every part's blocks:
 block ``b`` runs part ``k`` where ``off_k <= b < off_k + blocks_k``, with its own row loop
-variable running over the one value ``b - off_k``. The parts' thread extents must agree (the templates give
-every part of one operator the same threadIdx shape); parts run concurrently, so only
+variable running over the one value ``b - off_k``. One launch has one block shape, so only parts
+with the same threadIdx extents share it (a non-linear operator's parts may get different
+templates: a warp per row beside an atomic thread per row); parts run concurrently, so only
 nests that write disjoint outputs, or add atomically, are fused: the parts of one
 statement after its fill nest.
 """
@@ -62,7 +63,7 @@ def fuse_parts(func: tirx.PrimFunc, program) -> tirx.PrimFunc:
     for stmt in seq:
         nest = by_block.get(_first_block_name(stmt))
         keys.append(_fusable_key(nest) if nest is not None and _is_grid_loop(stmt) else None)
-    groups = _groups(keys)
+    groups = [run for g in _groups(keys) for run in _same_threads(g, seq) if len(run) > 1]
     if not groups:
         return func
     out, i = [], 0
@@ -77,6 +78,43 @@ def fuse_parts(func: tirx.PrimFunc, program) -> tirx.PrimFunc:
             i += 1
     block = with_fields(realize.block, body=out[0] if len(out) == 1 else tirx.SeqStmt(out))
     return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
+
+
+def _same_threads(group, seq) -> List[List[int]]:
+    """``group`` cut into runs of consecutive launches with the same threadIdx extents: one
+    launch has one block shape, so parts that different templates scheduled (a warp-per-row
+    reduction beside a thread-per-row atomic part) keep launches of their own."""
+    runs: List[List[int]] = []
+    last = None
+    for i in group:
+        sig = _thread_extents(seq[i])
+        if runs and sig == last:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+        last = sig
+    return runs
+
+
+def _thread_extents(stmt):
+    """{threadIdx.x/y/z: extent} of the loops bound to threads in ``stmt`` (None when one is
+    not a constant, or a thread tag is bound twice with different extents)."""
+    found = {}
+    todo = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, tirx.For) and node.thread_binding is not None:
+            tag = node.thread_binding.thread_tag
+            if tag.startswith("threadIdx"):
+                ext = node.extent.value if isinstance(node.extent, tirx.IntImm) else None
+                found[tag] = ext if found.get(tag, ext) == ext else None
+        if isinstance(node, tirx.SeqStmt):
+            todo.extend(node.seq)
+        for field in ("body", "then_case", "else_case", "block"):
+            child = getattr(node, field, None) if not isinstance(node, tirx.SeqStmt) else None
+            if child is not None:
+                todo.append(child)
+    return tuple(sorted(found.items()))
 
 
 def _first_block_name(stmt):

@@ -174,9 +174,9 @@ class Kernel:
         if kind != want:
             raise ValueError(f"{self.op_name}: {name} is on {x.device} but the kernel runs on {self.target.name}; "
                              f"give a {want} tensor")
-        if kind == "cuda" and (x.device.index or 0) != self.target.device().device_id:
+        if kind == "cuda" and (x.device.index or 0) != self.target.device().index:
             raise ValueError(f"{self.op_name}: {name} is on {x.device} but the kernel runs on cuda:"
-                             f"{self.target.device().device_id}")
+                             f"{self.target.device().index}")
         if x.requires_grad:
             raise ValueError(f"{self.op_name}: {name} requires grad, and a kernel call records no gradient; pass "
                              f"it .detach()-ed, or use sparsec.torch.spmm, which has a backward pass")
