@@ -67,8 +67,9 @@ def positive(m: sp.csr_matrix) -> sp.csr_matrix:
     return out
 
 
-def matrices(quick: bool):
-    yield "edge_cases_37x53", edge_case_matrix(37, 53, 0.08, 1)
+def matrices(quick: bool, graph_only: bool = False):
+    if not graph_only:
+        yield "edge_cases_37x53", edge_case_matrix(37, 53, 0.08, 1)
     if quick:
         return
     graphs = suites.real_graphs(os.environ.get("SPARSEC_DATA_DIR", suites.default_cache_dir()))
@@ -138,10 +139,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for check_format_invariance.json")
     p.add_argument("--feat", type=int, default=32)
     p.add_argument("--quick", action="store_true", help="the small matrix only")
+    p.add_argument("--graph-only", action="store_true",
+                   help="the suite graph only (on CUDA each matrix takes minutes of compiles: run them apart)")
     args = p.parse_args(argv)
     rows, cells = [], {}
     t0 = time.perf_counter()
-    for mname, m in matrices(args.quick):
+    for mname, m in matrices(args.quick, args.graph_only):
         print(f"# {mname}: {m.shape[0]} x {m.shape[1]}, nnz {m.nnz}", flush=True)
         for family in FAMILIES:
             try:
@@ -157,6 +160,7 @@ def main(argv=None) -> int:
                 continue
             C = formats.convert(A.to_scipy(), "csr", dtype=A.value_dtype)  # the same logical matrix
             tol = 10 * reference.TOLERANCE[A.value_dtype]
+            print(f"  {family} ({time.perf_counter() - t0:.0f} s)", flush=True)
             for op_name in OPS:
                 row = {"matrix": mname, "family": family, "format": A.format.spec, "op": op_name,
                        "nnz": int(A.nnz), "stored": int(A.stored), "tolerance": tol}
