@@ -266,7 +266,9 @@ class MatrixContext:
         combo = ranges * n_b + bucket
         ell_rows = np.bincount(combo, weights=pieces, minlength=col_parts * n_b).astype(np.int64)
         used = np.flatnonzero(ell_rows)
-        if not used.size:  # no entries: hyb keeps one empty part of the narrowest bucket
+        # hyb stores every (column range, bucket) part, empty ones as zero-length parts;
+        # the layout counts the parts holding entries, the ones with loop work
+        if not used.size:
             return Layout(0, 0, (0,), (int(widths[0]),))
         return Layout(stored=int(np.dot(pieces, w)), split_nnz=int(lengths[lengths > widths[-1]].sum()),
                       loop_rows=tuple(int(r) for r in ell_rows[used]),
