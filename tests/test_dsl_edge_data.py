@@ -286,3 +286,16 @@ def test_rgcn_homo_builds_for_cuda_and_nvcc_compiles_it():
     sources[("sddmm_multihead", "sm_90a")] = k.source()
     for key, (ok, output) in nvcc_sources(sources).items():
         assert ok, f"{key}: {output[-2000:]}"
+
+
+def test_exported_kernel_keeps_edge_inputs_and_index_checks(rgcn_kernels, tmp_path):
+    inst = _inst("csr")
+    E, W, X = _rgcn_inputs(inst)
+    path = str(tmp_path / "rgcn.so")
+    rgcn_kernels["csr"].export(path)
+    loaded = sparsec.load(path)
+    assert [p.name for p in loaded.inputs] == ["E", "W", "X"]
+    assert max_rel_err(loaded(inst, inst.edge_values(E), W, X, poison=True), ref_rgcn(inst, E, W, X)) < TOL
+    E[0] = 5
+    with pytest.raises(ValueError, match=r"E at \(0, \d+\) is 5, out of range for axis r of W \(extent 3\)"):
+        loaded(inst, E, W, X)
