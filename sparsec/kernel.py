@@ -97,7 +97,9 @@ class Kernel:
     def __call__(self, A, *dense, out=None, poison: bool = False):
         """Run on ``A`` and the further inputs (``inputs``: dense ones, and edge data as
         ``A.edge_values(x)`` or a per-entry array (nnz, *trailing) in canonical CSR order, laid out
-        per call: a gather over the stored slots, on the GPU for CUDA tensors). Returns the output
+        per call: a gather over the stored slots, O(stored x trailing), on the GPU for CUDA
+        tensors, through a slot map built once per sealed instance, O(stored log stored); index
+        inputs are range-checked, O(1) for EdgeValues, one vectorised pass otherwise). Returns the output
         (a tuple when there are several), in the library of the inputs (torch or numpy).
         ``poison=True`` fills freshly allocated outputs with NaN first, so that an element
         the kernel fails to write shows up in a check."""
