@@ -13,6 +13,7 @@ from . import bsr, bsr_csr, csr, ell, hyb, nm, rell, srbcrs, validate
 from .axes import AXIS_KINDS, Axis, DenseFixed, DenseVariable, SparseFixed, SparseVariable
 from .base import SUPPORTED_VALUE_DTYPES, Format, FormatInstance
 from .composite import CompositeFormat, CompositeInstance
+from .edge_values import EdgeValues
 from .convert import Canonical, as_csr
 from .registry import families, make_format, module_for, parse_spec
 
@@ -38,7 +39,7 @@ def convert(matrix, fmt_or_spec, **kw) -> FormatInstance:
 
 __all__ = [
     "Axis", "DenseFixed", "DenseVariable", "SparseFixed", "SparseVariable", "AXIS_KINDS",
-    "Format", "FormatInstance", "CompositeFormat", "CompositeInstance", "SUPPORTED_VALUE_DTYPES",
+    "Format", "FormatInstance", "CompositeFormat", "CompositeInstance", "EdgeValues", "SUPPORTED_VALUE_DTYPES",
     "make_format", "families", "module_for", "parse_spec", "convert", "as_csr",
     "csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr", "validate",
 ]

@@ -259,6 +259,22 @@ class FormatInstance:
             return torch.sparse_coo_tensor(idx, torch.from_numpy(c.data), size=m.shape).coalesce()
         raise ValueError(f"layout should be 'csr', 'coo' or 'dense', got {layout!r}")
 
+    def edge_values(self, x):
+        """Per-entry data for a kernel's further sparse inputs (``formats.edge_values``): ``x``
+        holds one value (or row of values) per entry of the matrix in canonical CSR order, as
+        ``to_scipy()`` lists them, shape (nnz,) or (nnz, *trailing), numpy or torch; or a scipy
+        matrix with exactly this pattern. Laid out like ``data`` (padding 0), once."""
+        from .edge_values import EdgeValues
+
+        return EdgeValues.build(self, x)
+
+    def coordinate_values(self, stored):
+        """Values per stored slot, (stored, *trailing) (a sparse output), -> per entry,
+        (nnz, *trailing) in canonical CSR order (aligned with ``to_scipy()``'s entries)."""
+        from .edge_values import coordinate_values
+
+        return coordinate_values(self, stored)
+
     def with_data(self, data: np.ndarray) -> "FormatInstance":
         """The same structure holding other values (same length and layout)."""
         data = np.ascontiguousarray(np.asarray(data).reshape(-1))
@@ -325,7 +341,8 @@ class FormatInstance:
         without device copies a kernel cached on the instance."""
         state = dict(self.__dict__)
         state["_seal"] = None
-        state.pop("_device_arrays", None)
+        for cache in ("_device_arrays", "_slot_map", "_slot_map_device"):
+            state.pop(cache, None)
         return state
 
 def masked_coords(inst: "FormatInstance", rows: np.ndarray, cols: np.ndarray):

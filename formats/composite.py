@@ -193,6 +193,25 @@ class CompositeInstance:
     def to_dense(self, values: np.ndarray | None = None) -> np.ndarray:
         return self.to_scipy(values).toarray()
 
+    def edge_values(self, x):
+        """Per-entry data in the parts' stored layout (see ``FormatInstance.edge_values``)."""
+        from .edge_values import EdgeValues
+
+        return EdgeValues.build(self, x)
+
+    def coordinate_values(self, stored):
+        """(stored, *trailing) -> (nnz, *trailing) in canonical CSR order (``FormatInstance``'s)."""
+        from .edge_values import coordinate_values
+
+        return coordinate_values(self, stored)
+
+    def __getstate__(self):
+        """Pickle without caches of this process (slot maps, device copies)."""
+        state = dict(self.__dict__)
+        for cache in ("_device_arrays", "_slot_map", "_slot_map_device"):
+            state.pop(cache, None)
+        return state
+
     def with_data(self, data: np.ndarray) -> "CompositeInstance":
         data = np.ascontiguousarray(np.asarray(data).reshape(-1))
         if data.size != self.stored:

@@ -103,8 +103,10 @@ def is_block_spmm(program) -> bool:
     out = st.target
     row, col = op.structure()
     k = out.axes[-1]
-    if (not sparse.buffer.sparse or dense.buffer.sparse or out.buffer.sparse or k.structural
+    if (not sparse.buffer.matrix or dense.buffer.sparse or out.buffer.sparse or k.structural
             or out.axes != (row, k) or sparse.axes != (row, col) or dense.axes != (col, k)):
+        return False
+    if any(b.dtype is not None for b in op.buffers):  # the staged kernel takes the precision's own dtypes
         return False
     roles = [(b.role, b.sparse) for b in program.buffers]
     return (roles == [("index", False), ("index", False), ("input", True), ("input", False), ("output", False)]

@@ -135,13 +135,38 @@ def refuse_unsupported(operator: Operator, fmt, dtype: str) -> None:
                     f"and a format that stores floats")
 
 
+def index_extents(operator: Operator, bound) -> dict:
+    """Buffer name -> ((extent, what it indexes), ...) for every indirect index
+    (``W[E[i, j], f]``): the extents its values must stay under (int, "rows" or "cols")."""
+    from .dsl import accesses
+
+    row, col = operator.structure()
+    out: dict = {}
+    for it in operator.iterations:
+        if it.statement is None:
+            continue
+        for acc in accesses(it.statement.value):
+            for a, declared in zip(acc.axes, acc.buffer.axes):
+                if not hasattr(a, "buffer"):
+                    continue
+                dim = "rows" if declared is row else "cols" if declared is col else bound.extent(declared)
+                use = (dim, f"axis {declared.name} of {acc.buffer.name}")
+                out.setdefault(a.buffer.name, [])
+                if use not in out[a.buffer.name]:
+                    out[a.buffer.name].append(use)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _param_specs(program):
     out = []
-    row, col = program.bound.op.structure()
-    sparse_names = {b.name for b in program.bound.op.buffers if b.sparse}
+    op = program.bound.op
+    by_name = {b.name: b for b in op.buffers}
+    extents = index_extents(op, program.bound)
     for b in program.buffers:
         shape = tuple(_dim(s) for s in b.shape)
-        out.append(ParamSpec(b.name, b.role, b.dtype, shape, b.name in sparse_names))
+        buf = by_name.get(b.name)
+        out.append(ParamSpec(b.name, b.role, b.dtype, shape, buf is not None and buf.sparse,
+                             buf is not None and buf.matrix, extents.get(b.name, ())))
     for s in program.scalars:
         out.append(ParamSpec(s, "scalar", "int32"))
     return out

@@ -20,6 +20,17 @@ bound to a format (``sparsec.formats``), whose own axis chain replaces it (CSR k
 it, BSR splits it into block and in-block axes, ELL makes the columns sparse-fixed).
 The declared kinds are the coordinate space and the default format.
 
+Edge data. The first sparse input is the matrix (its values are the instance's data); every
+further sparse input is per-entry data on the same pattern (edge weights, edge types,
+attention logits), passed to the kernel among the dense inputs (``inst.edge_values(x)``).
+Sparse buffers may carry trailing dense axes after (row, col): ``op.sparse_input("L", (I, J,
+H))`` holds one value per stored slot per h, slot-major. A buffer's ``dtype`` (None: by role,
+from the compile dtype) may be declared, e.g. ``"int32"`` for edge types.
+
+Indirect reads. A dense buffer axis may be indexed by a read of an integer input:
+``W[E[i, j], f, g]`` (a relation's weight per edge) or ``W[T[j], f, g]`` (per node type); a
+kernel checks every index value against the axis extent before it launches.
+
 Statements: ``X[..] = e`` (assignment), ``X[..] += e`` (sum reduction) and
 ``X[..] = maximum(X[..], e)`` (max reduction). Functions: ``exp``, ``maximum``,
 ``minimum``, ``sqrt``, ``select``.
@@ -35,7 +46,7 @@ from .formats.axes import AXIS_KINDS, DenseFixed, DenseVariable, SparseFixed, Sp
 
 __all__ = [
     "Operator", "Axis", "Buffer", "Access", "Iteration", "Statement",
-    "exp", "maximum", "minimum", "sqrt", "select", "less",
+    "exp", "maximum", "minimum", "sqrt", "select", "less", "accesses",
 ]
 
 # names of the emitted TVMScript (its namespace T, sizes, loop and block iterators) that a
@@ -72,31 +83,99 @@ class Axis:
         return f"{self.kind.__name__}({self.name})"
 
 
+# dtypes a buffer may declare (``dtype=``); None keeps the rule by role (``sparsec.dtypes``)
+BUFFER_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8")
+INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8")  # the ones an indirect index may have
+
+
+def buffer_dtype(name: str, dtype) -> Optional[str]:
+    """``dtype`` as a canonical name (numpy's, or ``bfloat16``), None kept; else a ValueError."""
+    if dtype is None:
+        return None
+    text = str(dtype).replace("torch.", "")
+    if text != "bfloat16":
+        try:
+            import numpy as np
+
+            text = np.dtype(text).name
+        except TypeError:
+            pass
+    if text not in BUFFER_DTYPES:
+        raise ValueError(f"buffer {name}: dtype should be None (by role, from the compile dtype) or one of "
+                         f"{BUFFER_DTYPES}, got {dtype!r}")
+    return text
+
+
 @dataclass(frozen=True, eq=False)
 class Buffer:
     """A named tensor over axes. ``sparse`` buffers hold one value per stored slot of the
-    sparse structure; dense ones are ordinary arrays indexed by coordinates."""
+    sparse structure (times their trailing dense axes); dense ones are ordinary arrays indexed
+    by coordinates. ``dtype`` None: the compile dtype's rule for the role (``sparsec.dtypes``)."""
 
     name: str
     axes: Tuple[Axis, ...]
     sparse: bool
     role: str  # input | output | temp
+    dtype: Optional[str] = None
+    matrix: bool = False  # the first sparse input: its values are the matrix's data
+
+    @property
+    def integer(self) -> bool:
+        """Declared with an integer dtype (the only buffers an indirect index may read)."""
+        return self.dtype in INDEX_DTYPES
 
     def __getitem__(self, idx) -> "Access":
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != len(self.axes):
-            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)}")
+            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)} (its axes: "
+                             f"{[a.name for a in self.axes]})")
+        out = []
         for got, want in zip(idx, self.axes):
+            if isinstance(got, Access):
+                out.append(self._indirect(got, want))
+                continue
             if not isinstance(got, IterVar):
-                raise TypeError(f"buffer {self.name} should be indexed by iteration variables, got {got!r}")
+                raise TypeError(f"axis {want.name} of {self.name} is indexed with {got!r}: index an axis with an "
+                                f"iteration variable (from op.iterate) or, for a dense buffer, with a read of an "
+                                f"integer input (W[E[i, j], f]); arithmetic on indices is not supported")
             if self.sparse and got.axis is not want:
-                raise IndexError(f"sparse buffer {self.name} should be indexed by {want.name}, got {got.axis.name}")
+                raise IndexError(f"sparse buffer {self.name} should be indexed by its own axes "
+                                 f"{[a.name for a in self.axes]} (one value per stored entry), got {got.axis.name} "
+                                 f"for {want.name}; to read it elsewhere, declare a dense buffer")
             if not self.sparse and not _compatible(got.axis, want):
-                raise IndexError(f"axis {want.name} of {self.name} cannot be indexed by {got.axis.name}")
-        return Access(self, tuple(i.axis for i in idx))
+                raise IndexError(f"axis {want.name} of {self.name} cannot be indexed by {got.axis.name}: index it "
+                                 f"with the iteration variable of {want.name}, or declare {self.name} over "
+                                 f"{got.axis.name}")
+            out.append(got.axis)
+        return Access(self, tuple(out))
+
+    def _indirect(self, index: "Access", axis: Axis):
+        """``W[E[i, j], ..]``: axis ``axis`` of this dense buffer at the value of ``index``."""
+        src = index.buffer
+        if self.sparse:
+            raise IndexError(f"sparse buffer {self.name} is indexed by a read of {src.name}: a sparse buffer is read "
+                             f"at its own entry (its axes {[a.name for a in self.axes]}); index a dense buffer "
+                             f"instead (W[{src.name}[..], f])")
+        if not src.integer:
+            raise TypeError(f"axis {axis.name} of {self.name} is indexed by a read of {src.name}, which is "
+                            f"{src.dtype or 'float (by role)'}; an index buffer should be declared with an integer "
+                            f"dtype, e.g. op.{'sparse' if src.sparse else 'dense'}_input({src.name!r}, .., "
+                            f"dtype='int32')")
+        if src.role != "input":
+            raise ValueError(f"axis {axis.name} of {self.name} is indexed by a read of {src.name}, a {src.role}: "
+                             f"index values are checked against the extent of {axis.name} before launch, so they "
+                             f"should come from an input")
+        if src.matrix:
+            raise ValueError(f"axis {axis.name} of {self.name} is indexed by the matrix {src.name} (the first sparse "
+                             f"input); declare the indices as a further sparse input, e.g. "
+                             f"op.sparse_input('E', (i, j), dtype='int32')")
+        return index
 
     def __setitem__(self, idx, value):
         target = self[idx]
+        if any(isinstance(a, Access) for a in target.axes):
+            raise ValueError(f"{self.name} is written through an indirect index (a scatter), which is not "
+                             f"supported; write it at iteration variables and read indirect values instead")
         op = _current_op()
         if isinstance(value, _Reduction):
             if value.target.buffer is not self or value.target.axes != target.axes:
@@ -129,13 +208,27 @@ class IterVar:
 
 @dataclass(frozen=True, eq=False)
 class Access(Expr):
-    """A buffer read at the coordinates of the given axes (stage I form)."""
+    """A buffer read at the coordinates of the given axes (stage I form). An element of
+    ``axes`` is an Axis (the coordinate of that iteration variable) or, for an indirect read
+    (``W[E[i, j], f]``), the Access of an integer input whose value is the index."""
 
     buffer: Buffer
     axes: Tuple[Axis, ...]
 
     def __iadd__(self, other):
         return _Reduction(self, wrap(other), "sum")
+
+
+def accesses(e: Expr):
+    """Every buffer read in ``e``, the reads inside indirect indices included."""
+    from .expr import walk
+
+    for n in walk(e):
+        if isinstance(n, Access):
+            yield n
+            for a in n.axes:
+                if isinstance(a, Access):
+                    yield from accesses(a)
 
 
 @dataclass(frozen=True)
@@ -202,8 +295,13 @@ class Operator:
             raise ValueError(f"axis {name}: parent should be an axis of {self.name}, got {parent!r}")
         if parent.extent is not None or parent.parent is not None:
             raise ValueError(f"axis {name}: parent should be the row axis (dense_fixed with no extent), got {parent!r}")
-        if any(a.parent is parent for a in self.axes):
-            raise ValueError(f"axis {name}: {parent.name} already has a child axis; one sparse structure per operator")
+        other = next((a for a in self.axes if a.parent is not None), None)
+        if other is not None:
+            raise ValueError(f"axis {name}: {self.name} already has the sparse structure ({other.parent.name}, "
+                             f"{other.name}); an operator has one sparse structure, so a second sparse axis is not "
+                             f"supported. Per-entry values on the same pattern are further sparse inputs "
+                             f"(op.sparse_input('W', ({other.parent.name}, {other.name}))); a second matrix needs "
+                             f"an operator of its own")
         return parent
 
     def _axis(self, axis: Axis) -> Axis:
@@ -213,20 +311,25 @@ class Operator:
         return axis
 
     # ---- buffers -----------------------------------------------------------------------
-    def sparse_input(self, name, axes): return self._buffer(name, axes, True, "input")
-    def sparse_output(self, name, axes): return self._buffer(name, axes, True, "output")
-    def dense_input(self, name, axes): return self._buffer(name, axes, False, "input")
-    def dense_output(self, name, axes): return self._buffer(name, axes, False, "output")
-    def dense_temp(self, name, axes): return self._buffer(name, axes, False, "temp")
+    def sparse_input(self, name, axes, dtype=None):
+        """Values on the sparse structure. The first sparse input is the matrix (its values are
+        the instance's data); a further one is per-entry data on the same pattern (edge weights,
+        edge types), passed to the kernel among the dense inputs, in declaration order."""
+        return self._buffer(name, axes, True, "input", dtype)
 
-    def sparse_temp(self, name, axes):
+    def sparse_output(self, name, axes, dtype=None): return self._buffer(name, axes, True, "output", dtype)
+    def dense_input(self, name, axes, dtype=None): return self._buffer(name, axes, False, "input", dtype)
+    def dense_output(self, name, axes, dtype=None): return self._buffer(name, axes, False, "output", dtype)
+    def dense_temp(self, name, axes, dtype=None): return self._buffer(name, axes, False, "temp", dtype)
+
+    def sparse_temp(self, name, axes, dtype=None):
         """An intermediate with one value per stored slot of the sparse structure (the kernel
         allocates it like a dense temp, ``stored`` values long). Why: an operator that chains
         sparse steps (attention's scores, then their softmax) keeps the intermediate on the
         matrix's pattern, so it never exists as a dense rows x cols array."""
-        return self._buffer(name, axes, True, "temp")
+        return self._buffer(name, axes, True, "temp", dtype)
 
-    def _buffer(self, name: str, axes: Sequence[Axis], sparse: bool, role: str) -> Buffer:
+    def _buffer(self, name: str, axes: Sequence[Axis], sparse: bool, role: str, dtype=None) -> Buffer:
         axes = tuple(axes)
         if not name.isidentifier() or name.startswith("_"):
             raise ValueError(f"buffer name should be a Python identifier not starting with '_', got {name!r}")
@@ -238,15 +341,47 @@ class Operator:
         for a in axes:
             if a not in self.axes:
                 raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}")
+        dtype = buffer_dtype(name, dtype)
+        matrix = sparse and role == "input" and self.matrix() is None
         if sparse:
-            if role == "input" and any(b.sparse and b.role == "input" for b in self.buffers):
-                raise ValueError(f"sparse input {name}: an operator takes one sparse input (its values are the matrix)")
-            row, col = self.structure()
-            if axes != (row, col):
-                raise ValueError(f"sparse buffer {name} should live on the sparse structure ({row.name}, {col.name})")
-        buf = Buffer(name, axes, sparse, role)
+            self._check_sparse_axes(name, axes, matrix)
+        buf = Buffer(name, axes, sparse, role, dtype, matrix)
         self.buffers.append(buf)
         return buf
+
+    def _check_sparse_axes(self, name: str, axes: Tuple[Axis, ...], matrix: bool) -> None:
+        """A sparse buffer lives on (row, col), optionally followed by dense axes of fixed
+        extent (one value per stored slot per trailing coordinate); the matrix has none."""
+        row, col = self.structure()
+        names = [a.name for a in axes]
+        if axes[:2] != (row, col):
+            raise ValueError(f"sparse buffer {name} is declared over {names}: a sparse buffer lives on the "
+                             f"operator's sparse structure ({row.name}, {col.name}), optionally followed by dense "
+                             f"axes, e.g. ({row.name}, {col.name}, h); for values over other axes declare a dense "
+                             f"buffer (op.dense_input)")
+        for a in axes[2:]:
+            if a.structural or a.extent is None:
+                raise ValueError(f"sparse buffer {name}: trailing axis {a.name} should be a dense axis with an "
+                                 f"extent (op.dense_fixed({a.name!r}, extent=...)), not an axis of the structure")
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"sparse buffer {name} names an axis twice: {names}")
+        if matrix and len(axes) > 2:
+            raise ValueError(f"sparse input {name} is the operator's first sparse input, the matrix, whose values are "
+                             f"one per entry; declare the matrix over ({row.name}, {col.name}) first, then "
+                             f"{name} as a further sparse input over {names}")
+
+    def matrix(self) -> Optional[Buffer]:
+        """The first sparse input (its values are the matrix's data), or None."""
+        return next((b for b in self.buffers if b.matrix), None)
+
+    def edge_inputs(self) -> List[Buffer]:
+        """The further sparse inputs: per-entry data on the matrix's pattern."""
+        return [b for b in self.buffers if b.sparse and b.role == "input" and not b.matrix]
+
+    def call_inputs(self) -> List[Buffer]:
+        """The inputs a kernel takes after the matrix, in declaration order: dense inputs and
+        further sparse inputs (edge data)."""
+        return [b for b in self.buffers if b.role == "input" and not b.matrix]
 
     # ---- iterations --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -296,7 +431,8 @@ class Operator:
         """(row axis, sparse column axis) of the operator's sparse structure."""
         kids = [a for a in self.axes if a.parent is not None]
         if len(kids) != 1:
-            raise ValueError(f"operator {self.name} should declare exactly one sparse/variable axis, got {len(kids)}")
+            raise ValueError(f"operator {self.name} has no sparse structure yet: declare its column axis first, e.g. "
+                             f"j = op.sparse_variable('j', parent=i) under a row axis i = op.dense_fixed('i')")
         return kids[0].parent, kids[0]
 
     def default_format(self) -> str:

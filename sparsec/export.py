@@ -163,7 +163,8 @@ def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> D
     meta = {"op": kernel.op_name, "format": kernel.format_spec, "dtype": kernel.dtype,
             "target": kernel.target.kind, "knobs": jsonable(kernel.knobs),
             "params": [{"name": p.name, "role": p.role, "dtype": p.dtype, "shape": list(p.shape),
-                        "sparse": p.sparse} for p in kernel.params],
+                        "sparse": p.sparse, "matrix": p.matrix,
+                        "index_extents": [list(u) for u in p.index_extents]} for p in kernel.params],
             "sparsec_version": __version__, "tvm_version": tvm.__version__, "archs": []}
     meta.update(reuse_metadata(kernel.format_spec))
     if kernel.target.kind == "cuda":

@@ -5,7 +5,9 @@ a Python exception that names the argument rather than a crash inside generated 
 raw TVM/DLPack message. In order: a CUDA kernel with no GPU visible (RuntimeError); the
 matrix (type, format, value dtype, then its index arrays: ``formats.validate.
 check_before_launch``, free for an instance sealed by ``convert``, a full check otherwise);
-each dense input (count, shape, dtype, device); each ``out=`` array (shape, dtype, device,
+each further input (count; dense ones: shape, dtype, device; edge data -- sparse inputs after
+the matrix -- its layout and pattern: ``edge_args``); the values of index inputs against the
+extents they index (``W[E[i, j], f]``: never an out-of-bounds read); each ``out=`` array (shape, dtype, device,
 C-contiguous, writeable, native byte order: it is written in place, so it is never copied).
 Inputs that are merely awkward are made to fit: strided views, read-only and non-native
 byte-order numpy arrays are copied, non-contiguous torch tensors made contiguous.
@@ -23,7 +25,8 @@ import numpy as np
 import tvm
 
 from .dtypes import DtypeSpec, dtype_spec
-from .formats import FormatInstance
+from .edge_args import check_indices, edge_layout
+from .formats import EdgeValues, FormatInstance
 from .formats.base import check_slot_mask
 from .formats.composite import CompositeInstance
 from .formats.registry import reuse_refusal
@@ -42,6 +45,9 @@ class ParamSpec:
     dtype: str
     shape: Tuple[Any, ...] = ()  # ints, "rows", "cols", or None (one per stored slot of the matrix)
     sparse: bool = False
+    matrix: bool = False  # the first sparse input: the instance's own values
+    # an index input (W[E[i, j], f]): (extent, what it indexes) per use; extent an int, "rows" or "cols"
+    index_extents: Tuple[Tuple[Any, str], ...] = ()
 
 
 @dataclass
@@ -60,7 +66,9 @@ class Kernel:
     # ---- introspection ---------------------------------------------------------------------
     @property
     def inputs(self) -> List[ParamSpec]:
-        return [p for p in self.params if p.role == "input" and not p.sparse]
+        """The inputs a call takes after the matrix, in declaration order: dense inputs and edge
+        data (sparse inputs after the first, ``sparse=True``)."""
+        return [p for p in self.params if p.role == "input" and not p.matrix]
 
     @property
     def outputs(self) -> List[ParamSpec]:
@@ -87,7 +95,11 @@ class Kernel:
 
     # ---- calling -----------------------------------------------------------------------------
     def __call__(self, A, *dense, out=None, poison: bool = False):
-        """Run on ``A`` and the dense inputs (in the operator's order). Returns the output
+        """Run on ``A`` and the further inputs (``inputs``: dense ones, and edge data as
+        ``A.edge_values(x)`` or a per-entry array (nnz, *trailing) in canonical CSR order, laid out
+        per call: a gather over the stored slots, O(stored x trailing), on the GPU for CUDA
+        tensors, through a slot map built once per sealed instance, O(stored log stored); index
+        inputs are range-checked, O(1) for EdgeValues, one vectorised pass otherwise). Returns the output
         (a tuple when there are several), in the library of the inputs (torch or numpy).
         ``poison=True`` fills freshly allocated outputs with NaN first, so that an element
         the kernel fails to write shows up in a check."""
@@ -107,7 +119,8 @@ class Kernel:
         inputs = self.inputs
         if len(dense) != len(inputs):
             names = ", ".join(p.name for p in inputs)
-            raise TypeError(f"{self.op_name} takes the sparse matrix and {len(inputs)} dense inputs ({names}), "
+            kind = "dense" if not any(p.sparse for p in inputs) else "further (dense and edge data)"
+            raise TypeError(f"{self.op_name} takes the sparse matrix and {len(inputs)} {kind} inputs ({names}), "
                             f"got {len(dense)}")
         sizes = scalar_values(A)
         like_torch = any(_is_torch(x) for x in dense)
@@ -119,10 +132,17 @@ class Kernel:
         for p in self.params:
             if p.role == "index":
                 args.append(index_arrays[p.name])
-            elif p.role == "input" and p.sparse:  # the DSL allows one sparse input: the matrix
+            elif p.role == "input" and p.matrix:
                 args.append(index_arrays["__data__"])
+            elif p.role == "input" and p.sparse:  # edge data: per entry -> the stored-slot layout
+                x = by_name[p.name]
+                layout = edge_layout(self.op_name, p, x, A)
+                check_indices(self.op_name, p, x, A, sizes)
+                args.append(self._edge_arg(p, x, layout, dev))
             elif p.role == "input":
                 args.append(self._dense_arg(p, by_name[p.name], sizes, dev))
+                if p.index_extents:
+                    check_indices(self.op_name, p, by_name[p.name], A, sizes)
             elif p.role in ("output", "temp"):
                 args.append(outs[p.name])
             elif p.role == "scalar":
@@ -139,9 +159,13 @@ class Kernel:
             raise TypeError(f"the sparse operand should be a converted matrix (sparsec.formats.convert), "
                             f"got {type(A).__name__}")
         _check_format(self.format_spec, A.format)
-        if A.value_dtype != self.dtypes.sparse:
-            raise TypeError(f"matrix values should be {self.dtypes.sparse} for this kernel, got {A.value_dtype} "
-                            f"(convert with dtype={self.dtypes.sparse!r} or compile for {A.value_dtype})")
+        matrix = next((p for p in self.params if p.matrix), None)
+        want = self.dtypes.sparse
+        if matrix is not None and matrix.dtype != self.dtypes.sparse_storage:  # declared with dtype=
+            want = matrix.dtype
+        if A.value_dtype != want:
+            raise TypeError(f"matrix values should be {want} for this kernel, got {A.value_dtype} "
+                            f"(convert with dtype={want!r} or compile for {A.value_dtype})")
         check_before_launch(A)  # free for an instance sealed by convert
 
     def _expected_shape(self, p: ParamSpec, sizes) -> Tuple[int, ...]:
@@ -163,6 +187,21 @@ class Kernel:
             raise TypeError(f"{self.op_name}: {p.name} should be a numpy array or torch tensor, got {type(x).__name__}")
         x = _exportable(x)  # the kernel only reads an input: a copy in C order is as good
         return x if self.target.kind == "llvm" else tvm.runtime.tensor(_compact(x), dev)
+
+    def _edge_arg(self, p: ParamSpec, given, x, dev):
+        """Edge data ``x`` (``given`` laid out) on the kernel's device: a numpy array for a CUDA
+        kernel is copied there on each call, unless it came as EdgeValues (cached in them)."""
+        if _is_torch(x):
+            self._check_torch(p.name, x)
+            return x.contiguous() if not x.is_contiguous() else x
+        if self.target.kind == "llvm":
+            return _exportable(x)
+        if isinstance(given, EdgeValues):
+            hit = given.device_cache.get(str(dev))
+            if hit is None:
+                hit = given.device_cache[str(dev)] = tvm.runtime.tensor(_compact(_exportable(x)), dev)
+            return hit
+        return tvm.runtime.tensor(_compact(_exportable(x)), dev)
 
     def _check_torch(self, name: str, x) -> None:
         """Device and autograd of a torch argument (DLPack would refuse both with its own words)."""
@@ -215,7 +254,7 @@ class Kernel:
         if given and len(given) != n_out:
             raise TypeError(f"out should hold {n_out} arrays, got {len(given)}")
         for i, p in enumerate(specs):
-            shape = (A.stored,) if p.sparse else self._expected_shape(p, sizes)
+            shape = (A.stored,) + tuple(p.shape[1:]) if p.sparse else self._expected_shape(p, sizes)
             if p.role == "output" and given:
                 x = given[i]
                 self._check_out(p, x, shape)

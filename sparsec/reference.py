@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from .dsl import Access, Operator
 from .expr import BinOp, Call, Const, Expr, Select
-from .formats import FormatInstance
+from .formats import EdgeValues, FormatInstance
 
 # the accepted max |out - ref| / max |ref| of a kernel's result, by the kernel's value dtype
 # (fp16/bf16 inputs accumulate in float32; integer kernels must be exact)
@@ -87,17 +87,20 @@ def identity(kind: str, dtype: str = "float32") -> float:
 
 
 def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
-    """Run the DSL operator ``op`` in float64 on ``A``'s logical pattern, with the dense
-    inputs in the operator's order and its compile-time extents in ``params`` (e.g.
-    ``{"feat": 16}``). Returns the outputs in the operator's order (one array, or a tuple):
-    dense outputs as arrays, sparse outputs one value per stored slot of ``A`` (0 at
-    padding). ``dtype``: the kernel's output dtype, for the identities of max/min reductions.
+    """Run the DSL operator ``op`` in float64 on ``A``'s logical pattern, with the further
+    inputs in the operator's order (``op.call_inputs()``: dense inputs, and edge data as
+    ``A.edge_values(x)`` or per-entry arrays (nnz, *trailing) in canonical CSR order) and its
+    compile-time extents in ``params`` (e.g. ``{"feat": 16}``). Returns the outputs in the
+    operator's order (one array, or a tuple): dense outputs as arrays, sparse outputs one
+    value per stored slot of ``A`` (0 at padding; (stored, *trailing) with trailing axes).
+    Integer inputs stay integers (indirect indices, checked against their axis's extent).
+    ``dtype``: the kernel's output dtype, for the identities of max/min reductions.
     Memory: a statement's values over entries x dense axes at once (nnz * feat floats)."""
     params = dict(params or {})
-    inputs = [b for b in op.inputs() if not b.sparse]
+    inputs = op.call_inputs()
     if len(dense) != len(inputs):
-        raise TypeError(f"{op.name} takes {len(inputs)} dense inputs ({', '.join(b.name for b in inputs)}), "
-                        f"got {len(dense)}")
+        raise TypeError(f"{op.name} takes {len(inputs)} inputs after the matrix "
+                        f"({', '.join(b.name for b in inputs)}), got {len(dense)}")
     row, col = op.structure()
     m = A.to_scipy()
     n_rows, n_cols = A.shape
@@ -117,16 +120,24 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
 
     vals: dict = {}
     for b in op.buffers:
-        if b.sparse:
-            vals[b.name] = m.data.astype(np.float64) if b.role == "input" else np.zeros(m.nnz)
+        want = tuple(extent(a) for a in b.axes) if not b.sparse else (m.nnz,) + tuple(extent(a) for a in b.axes[2:])
+        if b.matrix:
+            vals[b.name] = m.data.astype(np.float64)
         elif b.role == "input":
-            x = np.asarray(dense[inputs.index(b)], dtype=np.float64)
-            want = tuple(extent(a) for a in b.axes)
+            x = dense[inputs.index(b)]
+            if b.sparse and isinstance(x, EdgeValues):
+                x = A.coordinate_values(x) if x.belongs_to(A) else None
+                if x is None:
+                    raise ValueError(f"{op.name}: {b.name} holds EdgeValues made for another matrix")
+            if type(x).__module__.startswith("torch"):
+                x = x.detach().cpu().numpy()
+            x = np.asarray(x, dtype=np.int64 if b.integer else np.float64)
             if x.shape != want:
-                raise ValueError(f"{op.name}: {b.name} should have shape {want}, got {x.shape}")
+                raise ValueError(f"{op.name}: {b.name} should have shape {want}"
+                                 f"{' (one value per entry, canonical CSR order)' if b.sparse else ''}, got {x.shape}")
             vals[b.name] = x
         else:
-            vals[b.name] = np.zeros(tuple(extent(a) for a in b.axes))
+            vals[b.name] = np.zeros(want)
     for it in op.iterations:
         st = it.statement
         others = [a for a in it.axes if a is not row and a is not col]
@@ -141,17 +152,31 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
             shape[1 + others.index(axis)] = extent(axis)
             return np.arange(extent(axis)).reshape(shape)
 
+        entries = np.arange(m.nnz).reshape((-1,) + (1,) * len(others))
+
+        def position(acc: Access, n: int, a):
+            """The index along axis ``n`` of ``acc``: a coordinate, or an indirect index's values."""
+            if not isinstance(a, Access):
+                return index(a)
+            got = access(a)
+            declared = acc.buffer.axes[n]
+            bad = (got < 0) | (got >= extent(declared))
+            if bad.any():
+                raise ValueError(f"{op.name}: {a.buffer.name} holds {int(got[bad].flat[0])}, out of range for axis "
+                                 f"{declared.name} of {acc.buffer.name} (extent {extent(declared)})")
+            return got
+
         def access(acc: Access):
             if acc.buffer.sparse:
-                return vals[acc.buffer.name].reshape((-1,) + (1,) * len(others))
-            return vals[acc.buffer.name][tuple(index(a) for a in acc.axes)]
+                return vals[acc.buffer.name][(entries,) + tuple(index(a) for a in acc.axes[2:])]
+            return vals[acc.buffer.name][tuple(position(acc, n, a) for n, a in enumerate(acc.axes))]
 
         with np.errstate(all="ignore"):  # the kernels' IEEE arithmetic: 0/0 is NaN, as on the device
             value = np.broadcast_to(_eval(st.value, access), (m.nnz,) + tuple(extent(a) for a in others))
         tgt = st.target
         out = vals[tgt.buffer.name]
         if tgt.buffer.sparse:
-            idx = (np.arange(m.nnz).reshape((-1,) + (1,) * len(others)),)
+            idx = (entries,) + tuple(index(a) for a in tgt.axes[2:])
         else:
             idx = tuple(index(a) for a in tgt.axes)
         idx = tuple(np.broadcast_to(i, value.shape) for i in idx)
@@ -184,7 +209,7 @@ def _eval(e: Expr, access):
 def _per_slot(A, m, entry_values: np.ndarray) -> np.ndarray:
     """Values per logical entry (``m``'s order) -> one per stored slot of ``A``, 0 at padding."""
     rows, cols = A.stored_coords()
-    out = np.zeros(A.stored)
+    out = np.zeros((A.stored,) + entry_values.shape[1:])
     ok = rows >= 0
     keys = m.indices.astype(np.int64) + np.repeat(np.arange(A.shape[0]), np.diff(m.indptr)) * max(A.shape[1], 1)
     want = rows[ok].astype(np.int64) * max(A.shape[1], 1) + cols[ok]

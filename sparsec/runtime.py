@@ -128,7 +128,10 @@ def load(path, *, compute_capability: Optional[str] = None):
     else:
         check_compatible(meta, path, compute_capability)
     mod = tvm.runtime.load_module(path)
-    params = [ParamSpec(p["name"], p["role"], p["dtype"], tuple(p["shape"]), bool(p["sparse"]))
+    # modules written before edge data had one sparse input, the matrix, and no index inputs
+    params = [ParamSpec(p["name"], p["role"], p["dtype"], tuple(p["shape"]), bool(p["sparse"]),
+                        bool(p.get("matrix", p["sparse"] and p["role"] == "input")),
+                        tuple(tuple(u) for u in p.get("index_extents", ())))
               for p in meta["params"]]
     runs = [a for a in meta["archs"] if compute_capability and arch_runs_on(a, compute_capability)]
     arch = (runs or meta["archs"] or [None])[0]

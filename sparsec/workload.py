@@ -70,12 +70,20 @@ def convert(matrix, spec, params, dtype):
 
 
 def dense_inputs(kernel, A, seed):
+    """Random inputs for every input after the matrix (``kernel.inputs``): edge data per entry,
+    (nnz, *trailing); index inputs within the extents they index; integers in a small range."""
     rng = np.random.default_rng(seed + 1)
     sizes = {"rows": A.shape[0], "cols": A.shape[1]}
     out = []
     for p in kernel.inputs:
-        shape = tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
-        if p.dtype.startswith("int"):
+        if p.sparse:
+            shape = (A.to_scipy().nnz,) + tuple(p.shape[1:])
+        else:
+            shape = tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
+        if p.index_extents:
+            high = min(sizes[d] if isinstance(d, str) else d for d, _ in p.index_extents)
+            out.append(rng.integers(0, high, size=shape).astype(p.dtype))
+        elif p.dtype.startswith("int"):
             lo, hi = INT_DENSE_RANGE
             out.append(rng.integers(lo, hi + 1, size=shape).astype(p.dtype))
         else:

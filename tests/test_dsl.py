@@ -97,7 +97,8 @@ def test_sparse_buffer_indexed_by_wrong_axis():
     K = op.dense_fixed("k", extent=4)
     A = op.sparse_input("A", (I, J))
     C = op.dense_output("C", (I, K))
-    with pytest.raises(IndexError, match=r"sparse buffer A should be indexed by j, got k"):
+    with pytest.raises(IndexError, match=r"sparse buffer A should be indexed by its own axes \['i', 'j'\].*got k "
+                                         r"for j; to read it elsewhere, declare a dense buffer"):
         with op.iterate([I, J, K], "SRS") as (i, j, k):
             C[i, k] += A[i, k]
 
@@ -140,10 +141,11 @@ def test_two_statements_in_one_iteration():
 
 
 def test_two_sparse_inputs():
+    """The first sparse input is the matrix; a further one is edge data on its pattern."""
     op, I, J = _structure()
-    op.sparse_input("A", (I, J))
-    with pytest.raises(ValueError, match=r"an operator takes one sparse input"):
-        op.sparse_input("B", (I, J))
+    A = op.sparse_input("A", (I, J))
+    B = op.sparse_input("B", (I, J))
+    assert op.matrix() is A and op.edge_inputs() == [B] and op.call_inputs() == [B]
 
 
 def test_duplicate_axis_name():
@@ -273,7 +275,8 @@ def test_sparse_temp(spec):
 def test_sparse_temp_off_the_structure():
     op, I, J = _structure()
     K = op.dense_fixed("k", extent=4)
-    with pytest.raises(ValueError, match=r"sparse buffer E should live on the sparse structure \(i, j\)"):
+    with pytest.raises(ValueError, match=r"sparse buffer E is declared over \['i', 'k'\]: a sparse buffer lives on "
+                                         r"the operator's sparse structure \(i, j\), optionally followed by dense axes"):
         op.sparse_temp("E", (I, K))
 
 

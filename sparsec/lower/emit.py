@@ -36,6 +36,7 @@ def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
     if dup:
         raise ValueError(f"buffer names clash with the format's index arrays: {sorted(dup)}; rename the buffers")
     shapes = {b.name: b.shape for b in prog.buffers}
+    dtypes = {b.name: b.dtype for b in prog.buffers}
     p = _Printer()
     args = [f"{b.name}_h: T.handle" for b in prog.buffers] + [f"{s}: T.int32" for s in prog.scalars]
     p(0, "@T.prim_func(s_tir=True)")
@@ -51,7 +52,7 @@ def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
             raise ValueError(f"{nest.name}: rows repeat in this format, so its {nest.reduce} reduction needs an "
                              f"atomic {nest.reduce}, which sparsec emits for {', '.join(ATOMIC_MINMAX_DTYPES)}, not "
                              f"{prog.dtype.out}; use a format whose rows are unique (not hyb's split rows)")
-        _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic)
+        _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic, dtypes[nest.target.buffer])
     return "\n".join(p.lines) + "\n"
 
 
@@ -63,7 +64,7 @@ def _loads(e: Expr) -> List[Load]:
     return [n for n in walk(e) if isinstance(n, Load)]
 
 
-def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool):
+def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool, target_dtype: str = ""):
     all_reads = []
     for e in [nest.value] + [i for i in nest.target.index] + ([nest.write_guard] if nest.write_guard is not None else []):
         all_reads += [l.buffer for l in _loads(e)]
@@ -113,7 +114,7 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool):
                 p(depth, f'T.sblock_attr({{"{ATOMIC_ATTR}": 1}})')
             if nest.reduce is not None and (nest.init or atomic):
                 p(depth, "with T.init():")
-                p(depth + 1, f"{target} = {render(_identity(nest.reduce), dtype)}")
+                p(depth + 1, f"{target} = {render(_identity(nest.reduce), target_dtype or dtype)}")
             if nest.reduce is not None:
                 p(depth, f"{target} = {_combine(nest.reduce, target, render(nest.value, dtype))}")
             else:

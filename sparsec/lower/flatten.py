@@ -4,7 +4,12 @@ Resolves every ``pos:<axis>`` placeholder into a flat offset with the compositio
 rules of ``formats.axes`` (SparseTIR's ComputeOffset), maps a sparse buffer's flat
 position (and a slot mask's, in the part's own array) to where its value is stored (a format's chunked value order, a composite
 part's offset in the shared value array, two int4 values per byte), casts values to
-the accumulation dtype, and gives every buffer its flat shape and dtype. After this
+the accumulation dtype (and the result to its buffer's, where one declares another), and
+gives every buffer its flat shape and dtype: a declared ``dtype`` as declared, else by role
+(the matrix: the compile dtype's sparse values; other inputs: its dense dtype; outputs and
+temporaries: its accumulation dtype). A sparse buffer is ``[slot, *trailing axes]``; edge
+data (further sparse inputs) is never packed. Indirect indices keep their integer loads
+(cast to int32 where declared narrower or wider), never the value cast. After this
 stage the program reads only ordinary arrays.
 """
 from __future__ import annotations
@@ -13,7 +18,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from ..dtypes import DtypeSpec
-from ..expr import BinOp, Call, Const, Expr, Load, Var, cast, simplify_add, simplify_mul, transform, unpack_int4, walk
+from ..expr import (BinOp, Call, Const, Expr, Load, Select, Var, cast, simplify_add, simplify_mul, transform,
+                    unpack_int4, walk)
 from .positions import LoopNest, PositionProgram, extent_var, iv
 
 INDEX_DTYPE = "int32"
@@ -86,13 +92,49 @@ def value_index(fmt, chain, v: Dict[str, Expr]) -> Expr:
                  BinOp("%", p, Const(k)))
 
 
+def buffer_dtype(b, spec: DtypeSpec) -> str:
+    """The array dtype of DSL buffer ``b`` in a kernel of precision ``spec`` (module docstring)."""
+    if b.dtype is not None:
+        return b.dtype
+    if b.matrix:
+        return spec.sparse_storage
+    return spec.dense if b.role == "input" else spec.out
+
+
+def _cast_values(e: Expr, value_dtype: Dict[str, str], out: str) -> Expr:
+    """``e`` with value loads in another dtype than ``out`` cast to it; loads inside an index
+    (indirect reads) stay integers, as int32."""
+    if isinstance(e, Call) and e.fn == "unpack4":
+        return e if out == "int32" else cast(out, e)
+    if isinstance(e, Load):
+        idx = tuple(_cast_index(i, value_dtype) for i in e.index)
+        load = Load(e.buffer, idx)
+        return cast(out, load) if e.buffer in value_dtype and value_dtype[e.buffer] != out else load
+    if isinstance(e, BinOp):
+        return BinOp(e.op, _cast_values(e.a, value_dtype, out), _cast_values(e.b, value_dtype, out))
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(_cast_values(a, value_dtype, out) for a in e.args))
+    if isinstance(e, Select):
+        return Select(*(_cast_values(x, value_dtype, out) for x in (e.cond, e.then, e.other)))
+    return e
+
+
+def _cast_index(e: Expr, value_dtype: Dict[str, str]) -> Expr:
+    """An index expression: a load of a DSL buffer in it is an integer index, read as int32."""
+    def fn(n):
+        if isinstance(n, Load) and n.buffer in value_dtype and value_dtype[n.buffer] != INDEX_DTYPE:
+            return cast(INDEX_DTYPE, n)
+        return None
+
+    return transform(e, fn)
+
+
 def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
     bound = prog.bound
     parts = bound.parts
     sparse_bufs = {b.name: b for b in bound.op.buffers if b.sparse}
-    value_dtype = {b.name: (spec.sparse_storage if b.role == "input" and b.sparse else
-                            spec.dense if b.role == "input" else spec.out) for b in bound.op.buffers}
-    packed = {n for n, b in sparse_bufs.items() if b.role == "input" and any(p.value_bits == 4 for p in parts)}
+    value_dtype = {b.name: buffer_dtype(b, spec) for b in bound.op.buffers}
+    packed = {n for n, b in sparse_bufs.items() if b.matrix and any(p.value_bits == 4 for p in parts)}
     if packed and spec.sparse != "int4":
         raise TypeError(f"the format stores int4 values; compile it with dtype='int4', got {spec.name}")
 
@@ -114,21 +156,19 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
                     idx = BinOp("+", Var(f"off_p{nest.part}"), idx)
                 if n.buffer in packed:
                     return unpack_int4(Load(n.buffer, (BinOp("//", idx, Const(2)),)), BinOp("%", idx, Const(2)))
-                return Load(n.buffer, (idx,))
+                return Load(n.buffer, (idx,) + tuple(n.index[1:]))  # trailing dense axes: [slot, h]
             return None
 
-        def typed(n):
-            # value loads in another dtype than the accumulation are cast up (int8 -> int32)
-            if isinstance(n, Call) and n.fn == "unpack4":
-                return None if spec.out == "int32" else cast(spec.out, n)
-            if isinstance(n, Load) and n.buffer in value_dtype and value_dtype[n.buffer] != spec.out:
-                return cast(spec.out, n)
-            return None
-
-        value = transform(transform(nest.value, resolve), typed)
+        # value loads in another dtype than the accumulation are cast up (int8 -> int32); the
+        # result is cast to its buffer's dtype where that is declared otherwise
+        value = _cast_values(transform(nest.value, resolve), value_dtype, spec.out)
+        target = transform(nest.target, resolve)
+        target = Load(target.buffer, tuple(_cast_index(i, value_dtype) for i in target.index))
+        if value_dtype[target.buffer] != spec.out:
+            value = cast(value_dtype[target.buffer], value)
         blocks = [[type(b)(b.loop, transform(b.extent, resolve)) for b in blk] for blk in nest.blocks]
         guard = transform(nest.write_guard, resolve) if nest.write_guard is not None else None
-        nests.append(LoopNest(nest.name, blocks, transform(nest.target, resolve), value, nest.reduce, guard,
+        nests.append(LoopNest(nest.name, blocks, target, value, nest.reduce, guard,
                               nest.roles, nest.init, nest.atomic, nest.part, nest.root_extent, nest.fill))
 
     read = {n.buffer for nest in nests for e in [nest.value, nest.write_guard] if e is not None
@@ -155,6 +195,7 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
     for b in bound.op.buffers:
         if b.sparse:
             shape = (BinOp("//", BinOp("+", n_slots, Const(1)), Const(2)),) if b.name in packed else (n_slots,)
+            shape += tuple(Const(bound.extent(a)) for a in b.axes[2:])
         else:
             shape = tuple(Var("rows") if a is row else Var("cols") if a is col else Const(bound.extent(a))
                           for a in b.axes)

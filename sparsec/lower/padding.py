@@ -10,7 +10,7 @@ A statement is *padding-neutral* (no guard: the linear fast path of SpMM and SDD
 byte-identical) when
 
   1. it is a sum reduction, or an assignment to a sparse buffer, whose value is a product
-     with the sparse input as one of its factors: a padded slot gives 0 * (finite) = 0,
+     with the matrix (the first sparse input) as one of its factors: a padded slot gives 0 * (finite) = 0,
      which adds nothing to a sum and writes the 0 a padded slot of a sparse output holds
      (``C[i, k] += A[i, j] * B[j, k]``, ``y[i] += A[i, j]``, ``C[i, j] = A[i, j] * C[i, j]``);
   2. it writes a sparse buffer from dense operands only (a sum or an assignment, reading no
@@ -18,6 +18,11 @@ byte-identical) when
      the value it leaves in a padded slot is finite and overwritten by 0 before the operator
      ends (SDDMM's dot product before its scale by A). Statements in between that read it
      are guarded by the rule below, or are neutral by rule 1 (0 times it).
+
+Further sparse inputs (edge data) do not count as that factor: their padding slots hold 0
+too (``EdgeValues``), but a statement that reads one outside a product with the matrix is
+guarded all the same, so its result never rests on what a padding slot of edge data holds.
+An edge-type index read at a padding slot (``W[E[i, j], f]``) reads 0, within every extent.
 
 Every other statement is guarded: max/min reductions, divisions, exp, any other read of the
 sparse input or a sparse temporary, a sum whose value does not have A as a factor (a padded
@@ -28,8 +33,8 @@ from __future__ import annotations
 
 from typing import List, Set
 
-from ..dsl import Access, Operator, Statement
-from ..expr import BinOp, Expr, walk
+from ..dsl import Access, Operator, Statement, accesses
+from ..expr import BinOp, Expr
 
 
 def _factors(e: Expr) -> List[Expr]:
@@ -40,12 +45,12 @@ def _factors(e: Expr) -> List[Expr]:
 
 
 def linear_in_sparse_input(value: Expr) -> bool:
-    """``value`` is a product with a read of the sparse input as one of its factors."""
-    return any(isinstance(f, Access) and f.buffer.sparse and f.buffer.role == "input" for f in _factors(value))
+    """``value`` is a product with a read of the matrix (the first sparse input) as one of its factors."""
+    return any(isinstance(f, Access) and f.buffer.matrix for f in _factors(value))
 
 
 def _reads_sparse(value: Expr) -> bool:
-    return any(isinstance(n, Access) and n.buffer.sparse for n in walk(value))
+    return any(n.buffer.sparse for n in accesses(value))
 
 
 def _rule1(st: Statement) -> bool:

@@ -5,7 +5,10 @@ coordinate in the statement is rewritten in terms of positions:
 
   * a sparse buffer read at (i, j) becomes a read at the position of the chain's
     last axis, written as the placeholder ``Var("pos:<axis>")`` that stage III
-    resolves into a flat offset (and a value layout);
+    resolves into a flat offset (and a value layout), followed by the iterators of its
+    trailing dense axes (``L[i, j, h]``: slot-major ``[slot, h]``);
+  * an indirect index (``W[E[i, j], f]``) becomes a load of the index buffer, rewritten by
+    the same rules, in place of a coordinate;
   * a dense buffer read at a structural coordinate becomes
     ``sum(coord(axis) * axis.scale)`` over the format axes of that dimension, with
     ``coord`` a loop index (dense axis) or ``indices[pos]`` (sparse axis);
@@ -153,11 +156,13 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
 
     def rewrite_access(acc: Access) -> Load:
         buf = acc.buffer
-        if buf.sparse:
-            return Load(buf.name, (pos(chain[-1].name),))
+        if buf.sparse:  # the entry's slot, then any trailing dense axes (stored slot-major)
+            return Load(buf.name, (pos(chain[-1].name),) + tuple(iv(by_axis[a.name]) for a in acc.axes[2:]))
         idx = []
         for a in acc.axes:
-            if a is it.row_axis:
+            if isinstance(a, Access):  # an indirect index: the value of an integer input
+                idx.append(rewrite_access(a))
+            elif a is it.row_axis:
                 idx.append(coord[0])
             elif a is it.col_axis:
                 idx.append(coord[1])
