@@ -1,14 +1,14 @@
 """SparseTIR's 19 test kernels on the GPU: every kernel x format family against its float64 reference.
 
     python3 benchmarks/check_sparsetir_kernels.py [--target cuda|llvm] [--out DIR] [--feat 32]
-        [--kernels csrmm sddmm ...] [--families csr bsr:4x4 ...] [--matrices random power_grid]
+        [--kernels csrmm sddmm ...] [--families csr bsr:4x4 ...] [--matrices random power_grid dense]
 
 The kernels are tests/sparsetir_ops.py's: each SparseTIR script's semantics as a sparsec DSL
 operator, with a numpy/scipy float64 reference written from the kernel's definition (not
 ``sparsec.reference.evaluate``) and an input generator. For each matrix -- a random one of odd
 size with empty rows, a long row and explicit zeros, the embedded power grid
-(``sparsec.datasets.default_matrix()``) and a 30%-dense one that N:M can hold -- and each family the kernel applies to, the kernel
-runs on NaN-poisoned outputs and is compared with the reference (sparse outputs on the
+(``sparsec.datasets.default_matrix()``) and a 30%-dense one that N:M can hold -- and each
+family the kernel applies to, the kernel runs on NaN-poisoned outputs and is compared with the reference (sparse outputs on the
 matrix's coordinates, padding slots 0). A family that pads the matrix more than 40x is
 skipped; a kernel that needs a DSL feature not there yet is run anyway and reported "needs"
 when it fails (and "ok" when the feature has landed).

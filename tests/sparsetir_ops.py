@@ -358,7 +358,8 @@ def hyper_gnn() -> dsl.Operator:
     X[i', f], i.e. Y = H H^T X over the incidence pattern H (values unread). SparseTIR attaches
     H^T's structure under J (two structures). With one structure it is two iterations:
     Tj = H^T X, a reduction over the *row* axis into a column-indexed temp, then Y = H Tj.
-    sparsec reduces over the row axis nowhere yet: ``NEEDS_ROW_REDUCTION``."""
+    sparsec reduces over the row axis nowhere yet: ``NEEDS_ROW_REDUCTION`` (csr, ell and
+    composites refuse it; bsr currently compiles it and returns a wrong result: reported)."""
     op = dsl.Operator("hyper_gnn", "Y[i, f] = sum_j H[i, j] sum_i' H[i', j] X[i', f] (pattern only)")
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
