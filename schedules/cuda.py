@@ -269,7 +269,14 @@ def template_for(nest):
         if nest.reduce is not None and nest.init and not nest.fill:
             return row_reduce_over_lanes
         return rows_over_threads
-    return features_over_threads if feat.loop.kind == "S" else lane_groups
+    if feat.loop.kind == "S":
+        return features_over_threads
+    others = [b.loop for b in nest.blocks[-1] if b.loop.role != "root" and b.loop is not feat.loop]
+    if all(l.kind == "S" for l in others):
+        return lane_groups
+    # a reduction over the entries and over a dense axis with the feature loop reduced too
+    # (W[E[i, j], g, f] * X[j, f] summed over j and f): no lane template fits; a thread per row
+    return rows_over_threads
 
 
 def _fused_by(nest, step) -> bool:

@@ -752,13 +752,12 @@ KERNELS: Dict[str, SparseTIRKernel] = {k.name: k for k in (
                     reduction_4d_2d_inputs, PATTERN_FAMILIES),
     SparseTIRKernel("fused_reduction_4d_3d", fused_reduction_4d_3d, reduction_4d_3d_reference,
                     reduction_4d_3d_inputs, PATTERN_FAMILIES),
-    SparseTIRKernel("rgcn_homo_forward", rgcn_homo_forward, rgcn_homo_reference, rgcn_homo_inputs, PATTERN_FAMILIES,
-                    needs=NEEDS_EDGE_DATA),
+    SparseTIRKernel("rgcn_homo_forward", rgcn_homo_forward, rgcn_homo_reference, rgcn_homo_inputs, PATTERN_FAMILIES),
     SparseTIRKernel("rgcn_hetero_forward", rgcn_hetero_forward, rgcn_hetero_reference, rgcn_hetero_inputs,
-                    PATTERN_FAMILIES, needs=NEEDS_EDGE_DATA),
+                    PATTERN_FAMILIES),
     SparseTIRKernel("sparse_softmax", sparse_softmax, softmax_reference, _matrix_inputs(), ALL_FAMILIES),
     SparseTIRKernel("csr2bsr", csr2bsr, csr2bsr_reference, csr2bsr_inputs, ("bsr:2x2", "bsr:4x4", "bsr:3x5"),
-                    needs=NEEDS_EDGE_DATA, layout_reference=bsr_layout_reference),
+                    layout_reference=bsr_layout_reference),
 )}
 
 
