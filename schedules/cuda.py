@@ -265,6 +265,8 @@ def row_reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int):
 def template_for(nest):
     """The transformation that fits a nest (decided by its feature loop)."""
     feat = _feature(nest)
+    if nest.scatter:  # rows add into outputs indexed by their entries' columns: atomics per entry
+        return rows_over_threads
     if feat is None:
         if nest.reduce is not None and nest.init and not nest.fill:
             return row_reduce_over_lanes

@@ -16,7 +16,6 @@ built or compiled yet (the tests mark those cases ``xfail(strict=True)``):
     indirect reads ``W[E[i, j], f, g]``;
   * ``NEEDS_LOOKUP`` -- a sparse buffer read at a coordinate of a dense axis (SparseTIR
     lowers it to a binary search; an absent coordinate reads 0);
-  * ``NEEDS_ROW_REDUCTION`` -- a reduction over the row axis into a column-indexed buffer
     (SparseTIR's ``hyper_gnn`` attaches the transposed structure under J instead).
 
 Usage::
@@ -40,7 +39,6 @@ from sparsec import dsl
 
 NEEDS_EDGE_DATA = "edge data: buffer dtypes, several sparse inputs on one structure, indirect reads W[E[i, j], ..]"
 NEEDS_LOOKUP = "a sparse buffer read at a dense axis's coordinate (a lookup; 0 where nothing is stored)"
-NEEDS_ROW_REDUCTION = "a reduction over the row axis into a column-indexed buffer (atomics on CUDA)"
 
 ALL_FAMILIES = ("csr", "bsr:2x2", "bsr:4x4", "bsr:3x5", "ell", "hyb:1:1/2/4", "hyb:2:1/2/4",
                 "bsr+csr:4x4,0.3", "nm:2:4")
@@ -357,9 +355,8 @@ def hyper_gnn() -> dsl.Operator:
     """SparseTIR ``hyper_gnn``: Y[i, f] = sum_{j in row i of H} sum_{i' in column j of H}
     X[i', f], i.e. Y = H H^T X over the incidence pattern H (values unread). SparseTIR attaches
     H^T's structure under J (two structures). With one structure it is two iterations:
-    Tj = H^T X, a reduction over the *row* axis into a column-indexed temp, then Y = H Tj.
-    sparsec reduces over the row axis nowhere yet: ``NEEDS_ROW_REDUCTION`` (csr, ell and
-    composites refuse it; bsr currently compiles it and returns a wrong result: reported)."""
+    Tj = H^T X, a reduction over the *row* axis into a column-indexed temp (every row adds
+    into shared elements: a fill first, then atomics on CUDA), then Y = H Tj."""
     op = dsl.Operator("hyper_gnn", "Y[i, f] = sum_j H[i, j] sum_i' H[i', j] X[i', f] (pattern only)")
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
@@ -739,8 +736,7 @@ KERNELS: Dict[str, SparseTIRKernel] = {k.name: k for k in (
     SparseTIRKernel("ellmm", ellmm, spmm_reference, _matrix_inputs(("cols", "feat")),
                     ("ell", "hyb:1:1/2/4", "hyb:2:1/2/4")),
     SparseTIRKernel("csr_element_wise", csr_element_wise, element_wise_reference, _matrix_inputs(), ALL_FAMILIES),
-    SparseTIRKernel("hyper_gnn", hyper_gnn, hyper_gnn_reference, _matrix_inputs(("rows", "feat")), PATTERN_FAMILIES,
-                    needs=NEEDS_ROW_REDUCTION),
+    SparseTIRKernel("hyper_gnn", hyper_gnn, hyper_gnn_reference, _matrix_inputs(("rows", "feat")), PATTERN_FAMILIES),
     SparseTIRKernel("bmm", bmm, bmm_reference, bmm_inputs, PATTERN_FAMILIES),
     SparseTIRKernel("sddmm", sddmm, sddmm_reference, _matrix_inputs(("rows", "feat"), ("cols", "feat")),
                     ALL_FAMILIES),

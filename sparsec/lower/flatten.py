@@ -14,7 +14,7 @@ stage the program reads only ordinary arrays.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Tuple
 
 from ..dtypes import DtypeSpec
@@ -168,8 +168,7 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
             value = cast(value_dtype[target.buffer], value)
         blocks = [[type(b)(b.loop, transform(b.extent, resolve)) for b in blk] for blk in nest.blocks]
         guard = transform(nest.write_guard, resolve) if nest.write_guard is not None else None
-        nests.append(LoopNest(nest.name, blocks, target, value, nest.reduce, guard,
-                              nest.roles, nest.init, nest.atomic, nest.part, nest.root_extent, nest.fill))
+        nests.append(replace(nest, blocks=blocks, target=target, value=value, write_guard=guard))
 
     read = {n.buffer for nest in nests for e in [nest.value, nest.write_guard] if e is not None
             for n in walk(e) if isinstance(n, Load)}

@@ -32,7 +32,7 @@ into it (no ``T.init``), atomically on GPUs when its own rows repeat.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from ..dsl import IDENTITY, Access
@@ -85,6 +85,7 @@ class LoopNest:
     part: Optional[int] = None
     root_extent: Optional[Expr] = None
     fill: bool = False
+    scatter: bool = False  # a reduction over the row axis: every row adds into outputs indexed by other coordinates
 
 
 @dataclass
@@ -103,14 +104,17 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
         st = it.statement
         unique = bound.parts[it.part].axes[0].unique
         dense_reduce = st.reduce is not None and not st.target.buffer.sparse
+        # a reduction over the row axis (T[j, f] += A[i, j] * X[i, f]): every row adds into
+        # the same output elements, like repeated rows
+        over_rows = dense_reduce and it.loops[0].kind == "R"
         # rows that no part covers (and repeated rows) need the output set to the identity first
-        if dense_reduce and (composite or not unique) and (it.origin, st.target.buffer.name) not in filled:
+        if dense_reduce and (composite or not unique or over_rows) and (it.origin, st.target.buffer.name) not in filled:
             filled.add((it.origin, st.target.buffer.name))
             nests.append(_fill(bound, it))
         # a part owns its rows' results (T.init, register accumulators) unless rows are shared
-        shared = dense_reduce and ((composite and not disjoint) or not unique)
+        shared = dense_reduce and ((composite and not disjoint) or not unique or over_rows)
         mask = bound.parts[it.part].slot_mask if it.origin not in neutral else ""
-        nests.append(_lower(bound, it, init=not shared, slot_mask=mask))
+        nests.append(_lower(bound, it, init=not shared, slot_mask=mask, over_rows=over_rows))
     extents = [a.name for p in bound.parts for a in p.axes if a.name in p.runtime_extent_axes()]
     return PositionProgram(bound, nests, extents)
 
@@ -141,7 +145,8 @@ def slot_mask_guard(mask: str, chain) -> Expr:
     return BinOp(">", Call("cast:int32", (Load(mask, (pos(chain[-1].name),)),)), Const(0))
 
 
-def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str = "") -> LoopNest:
+def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str = "",
+           over_rows: bool = False) -> LoopNest:
     chain = it.chain
     chain_loops = [l for l in it.loops if l.fmt_axis is not None]
     # logical coordinate of each dimension; it can run past the matrix edge when an axis
@@ -199,12 +204,15 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
         fallback = IDENTITY[st.reduce] if st.reduce else Const(0.0)
         value = Select(_all(value_guards), value, fallback)
 
-    blocks = _blocks(it.loops, chain)
+    loops = it.loops
+    if over_rows:  # rows add into shared outputs atomically (no T.init): the row loop itself reduces nothing
+        loops = [replace(loops[0], kind="S")] + list(loops[1:])
+    blocks = _blocks(loops, chain)
     roles = {l.name: l.role for l in it.loops}
-    atomic = (not init) and not chain[0].unique
+    atomic = (not init) and (not chain[0].unique or over_rows)
     return LoopNest(it.name, blocks, target, value, st.reduce, _all(write_guards) if write_guards else None,
                     roles, init=init, atomic=atomic, part=it.part if bound.composite else None,
-                    root_extent=extent_var(chain[0].name))
+                    root_extent=extent_var(chain[0].name), scatter=over_rows)
 
 
 def _blocks(loops, chain) -> List[List[LoopIR]]:
@@ -231,9 +239,11 @@ def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
         else:
             loops.append(LoopIR(Loop(a.name, "S", "dense", None, bound.extent(a)), Const(bound.extent(a))))
         idx.append(iv(loops[-1].loop))
-    if not loops or loops[0].loop.role != "root":
-        raise ValueError(f"{it.name}: a reduction into {st.target.buffer.name} over several parts needs the output "
-                         "to be indexed by the row axis first")
+    if not loops:
+        raise ValueError(f"{it.name}: a reduction into the scalar {st.target.buffer.name} over several parts or "
+                         "rows: give it an axis (e.g. over the row axis) and sum that afterwards")
+    first = loops[0]  # the fill's outermost loop is the one schedules bind to thread blocks
+    loops[0] = LoopIR(Loop(first.loop.name, "S", "root", None, first.loop.extent), first.extent)
     blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
     name = f"{it.origin}_fill_{st.target.buffer.name}"
     return LoopNest(name, blocks, Load(st.target.buffer.name, tuple(idx)), IDENTITY[st.reduce], None, None,
