@@ -9,7 +9,7 @@ stage the program reads only ordinary arrays.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Tuple
 
 from ..dtypes import DtypeSpec
@@ -98,7 +98,7 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
 
     nests = []
     for nest in prog.nests:
-        part = None if nest.fill else parts[nest.part or 0]
+        part = None if nest.fill or nest.dense else parts[nest.part or 0]
         chain = tuple(part.axes) if part is not None else ()
         loops = {b.loop.name: iv(b.loop) for blk in nest.blocks for b in blk}
 
@@ -128,8 +128,8 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
         value = transform(transform(nest.value, resolve), typed)
         blocks = [[type(b)(b.loop, transform(b.extent, resolve)) for b in blk] for blk in nest.blocks]
         guard = transform(nest.write_guard, resolve) if nest.write_guard is not None else None
-        nests.append(LoopNest(nest.name, blocks, transform(nest.target, resolve), value, nest.reduce, guard,
-                              nest.roles, nest.init, nest.atomic, nest.part, nest.root_extent, nest.fill))
+        nests.append(replace(nest, blocks=blocks, target=transform(nest.target, resolve), value=value,
+                             write_guard=guard))
 
     read = {n.buffer for nest in nests for e in [nest.value, nest.write_guard] if e is not None
             for n in walk(e) if isinstance(n, Load)}

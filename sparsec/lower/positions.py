@@ -22,6 +22,10 @@ Loops are grouped into blocks: the row loop is a block of its own, and a variabl
 axis (extent from ``indptr``) opens a new, inner block, because its extent reads the
 outer loops' positions.
 
+A dense iteration (``bind``: no format axes) becomes a *dense* nest: its loops over
+coordinates (rows, cols or a compile-time extent), the row loop a block of its own like a
+sparse nest's, every access indexed by the loop iterators; it initialises what it reduces.
+
 A reduction into a dense output whose rows more than one root position may reach
 (the parts of a composite format, or a root listing rows with repeats) gets a
 *fill* nest that sets the output to the identity first; each part then only adds
@@ -82,6 +86,7 @@ class LoopNest:
     part: Optional[int] = None
     root_extent: Optional[Expr] = None
     fill: bool = False
+    dense: bool = False  # a dense iteration's nest: loops over coordinates, no sparse structure
 
 
 @dataclass
@@ -97,6 +102,9 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
     nests, filled = [], set()
     neutral = neutral_iterations(bound.op)
     for it in bound.iterations:
+        if it.dense:
+            nests.append(_lower_dense(it))
+            continue
         st = it.statement
         unique = bound.parts[it.part].axes[0].unique
         dense_reduce = st.reduce is not None and not st.target.buffer.sparse
@@ -212,6 +220,22 @@ def _blocks(loops, chain) -> List[List[LoopIR]]:
             blocks.append([])
         blocks[-1].append(LoopIR(l, _extent(l, chain)))
     return blocks
+
+
+def _lower_dense(it: BoundIteration) -> LoopNest:
+    """A dense iteration: loops over its axes' coordinates, accesses at the loop iterators."""
+    extents = {it.row_axis.name: ROWS, it.col_axis.name: COLS}
+    loops = [LoopIR(l, Const(l.extent) if l.extent is not None else extents[l.name]) for l in it.loops]
+    by_axis = {a: iv(l.loop) for a, l in zip(it.axes, loops)}
+    st = it.statement
+
+    def rewrite(acc: Access) -> Load:
+        return Load(acc.buffer.name, tuple(by_axis[a] for a in acc.axes))
+
+    value = transform(st.value, lambda n: rewrite(n) if isinstance(n, Access) else None)
+    blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
+    return LoopNest(it.name, blocks, rewrite(st.target), value, st.reduce, None,
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=loops[0].extent, dense=True)
 
 
 def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
