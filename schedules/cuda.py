@@ -17,7 +17,9 @@ import tvm
 from tvm import s_tir
 
 from .atomics import atomic_writeback, mark_atomic
+from .epilogue import fuse_epilogues
 from .fusion import fuse_parts
+from .cuda_dense import dense_over_threads
 from .cuda_sddmm import is_fused, lane_groups
 from .knobs import Knob, Transformation, check_applicable, group, transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
@@ -263,7 +265,10 @@ def row_reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int):
 
 
 def template_for(nest):
-    """The transformation that fits a nest (decided by its feature loop)."""
+    """The transformation that fits a nest (decided by its feature loop; a dense nest, with
+    no sparse structure, by ``cuda_dense``)."""
+    if nest.dense:
+        return dense_over_threads
     feat = _feature(nest)
     if feat is None:
         if nest.reduce is not None and nest.init and not nest.fill:
@@ -315,6 +320,7 @@ def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
 
 def finalize_cuda(mod, program):
     """Module-level rewrites after the per-nest templates: atomic write-backs for nests whose
-    rows repeat, then horizontal fusion of a composite's parts into one launch."""
+    rows repeat, dense epilogues folded into the launch of the sparse nest they follow
+    (``schedules.epilogue``), then horizontal fusion of a composite's parts into one launch."""
     (gv, func), = mod.functions.items()
-    return tvm.IRModule({gv: fuse_parts(atomic_writeback(func), program)})
+    return tvm.IRModule({gv: fuse_parts(fuse_epilogues(atomic_writeback(func), program), program)})

@@ -87,6 +87,7 @@ class LoopNest:
     root_extent: Optional[Expr] = None
     fill: bool = False
     dense: bool = False  # a dense iteration's nest: loops over coordinates, no sparse structure
+    origin: str = ""  # the DSL iteration it comes from (its parts and fill nest share it)
 
 
 @dataclass
@@ -207,7 +208,7 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
     atomic = (not init) and not chain[0].unique
     return LoopNest(it.name, blocks, target, value, st.reduce, _all(write_guards) if write_guards else None,
                     roles, init=init, atomic=atomic, part=it.part if bound.composite else None,
-                    root_extent=extent_var(chain[0].name))
+                    root_extent=extent_var(chain[0].name), origin=it.origin)
 
 
 def _blocks(loops, chain) -> List[List[LoopIR]]:
@@ -235,7 +236,8 @@ def _lower_dense(it: BoundIteration) -> LoopNest:
     value = transform(st.value, lambda n: rewrite(n) if isinstance(n, Access) else None)
     blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
     return LoopNest(it.name, blocks, rewrite(st.target), value, st.reduce, None,
-                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=loops[0].extent, dense=True)
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=loops[0].extent, dense=True,
+                    origin=it.origin)
 
 
 def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
@@ -256,7 +258,8 @@ def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
     blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
     name = f"{it.origin}_fill_{st.target.buffer.name}"
     return LoopNest(name, blocks, Load(st.target.buffer.name, tuple(idx)), IDENTITY[st.reduce], None, None,
-                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=ROWS, fill=True)
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=ROWS, fill=True,
+                    origin=it.origin)
 
 
 def _all(conds: List[Expr]) -> Expr:
