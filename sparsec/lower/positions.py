@@ -234,7 +234,9 @@ def _lower_dense(it: BoundIteration) -> LoopNest:
         return Load(acc.buffer.name, tuple(by_axis[a] for a in acc.axes))
 
     value = transform(st.value, lambda n: rewrite(n) if isinstance(n, Access) else None)
-    blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
+    # the first loop a block of its own, as a sparse nest's row loop; one block when it is a
+    # reduction loop (a T.init in an inner block without it would run on every iteration)
+    blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else []) if loops[0].loop.kind == "S" else [loops]
     return LoopNest(it.name, blocks, rewrite(st.target), value, st.reduce, None,
                     {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=loops[0].extent, dense=True,
                     origin=it.origin)
