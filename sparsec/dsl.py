@@ -365,7 +365,8 @@ def _check_dense_statement(it: Iteration, st: Statement) -> None:
         for a in acc.axes:
             if a not in it.axes:
                 raise ValueError(
-                    f"iteration {it.name} over [{axes}] reads {acc.buffer.name}[{used}], but axis {a.name} is not "
+                    f"iteration {it.name} over [{axes}] {'writes' if acc is st.target else 'reads'} "
+                    f"{acc.buffer.name}[{used}], but axis {a.name} is not "
                     f"iterated here; add {a.name} to the iteration's axes, or compute what it needs from "
                     f"{acc.buffer.name} in an iteration over {a.name} first")
 
