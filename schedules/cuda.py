@@ -8,6 +8,9 @@ Three shapes of loop nest occur, told apart by the operator's dense (feature) lo
 * reduction feature loop (SDDMM): the lanes of a warp split the dot product of each
   stored entry and combine it with a warp all-reduce.
 * no feature loop (row-wise operators): one thread per row.
+
+A dense nest (a dense iteration: no sparse structure) reuses these mappings
+(``dense_over_threads``).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import tvm
 from tvm import s_tir
 
 from .atomics import atomic_writeback, mark_atomic
+from .epilogue import fuse_epilogues
 from .fusion import fuse_parts
 from .cuda_sddmm import is_fused, lane_groups
 from .knobs import Knob, Transformation, check_applicable, group, transformation
@@ -262,8 +266,49 @@ def row_reduce_over_lanes(sch: s_tir.Schedule, nest, *, rows_per_block: int):
     _bind_root(sch, nest, rows_per_block, "threadIdx.y")
 
 
+def _dense_inner(nest):
+    return nest.blocks[-1][-1] if len(nest.blocks) > 1 else None
+
+
+@transformation()
+def dense_over_threads(sch: s_tir.Schedule, nest):
+    """Dense nests (``LoopNest.dense``: loops over coordinates, no sparse structure): the first
+    loop over thread blocks, the inner loops mapped like a sparse row's, so the sparse
+    templates serve them at their defaults (no knobs of its own: the nest is one pass over a
+    dense array, and an epilogue usually disappears into the sparse nest's launch,
+    ``schedules.epilogue``):
+
+    * innermost loop spatial (bias + ReLU over [I, K], ``H = X @ W`` over [J, F, G]): the
+      features over threadIdx.x, ``vec`` at a time, rows over threadIdx.y and blocks,
+      reduction loops in between per thread in registers (``features_over_threads``);
+    * innermost loop a reduction (``n[i] += C[i, k] * C[i, k]``): a warp per row, the lanes
+      splitting it (``row_reduce_over_lanes``);
+    * no inner loop, or one over the matrix's rows or columns (a run-time extent): a thread
+      per row (``rows_over_threads``).
+
+    Requires: the first loop is spatial (its iterations run concurrently); a reduction over
+    it is refused, naming what to write instead."""
+    root = nest.blocks[0][0].loop
+    if root.kind != "S":
+        spatial = [b.loop.name for blk in nest.blocks for b in blk if b.loop.kind == "S"]
+        hint = (f"iterate [{spatial[0]}, {root.name}, ...] with the spatial axis first" if spatial else
+                "give the result a spatial axis to run over")
+        raise ValueError(f"{nest.origin or nest.name}: a dense iteration that reduces over its first axis "
+                         f"{root.name} has no spatial loop to spread over CUDA thread blocks; {hint}")
+    inner = _dense_inner(nest)
+    if inner is None or inner.loop.extent is None:  # no inner loop, or one over rows/cols: serial per row
+        rows_over_threads.fn(sch, nest, **rows_over_threads.defaults())
+    elif inner.loop.kind == "S":
+        features_over_threads.fn(sch, nest, **features_over_threads.defaults())
+    else:
+        row_reduce_over_lanes.fn(sch, nest, **row_reduce_over_lanes.defaults())
+
+
 def template_for(nest):
-    """The transformation that fits a nest (decided by its feature loop)."""
+    """The transformation that fits a nest (decided by its feature loop; a dense nest, with
+    no sparse structure, by ``dense_over_threads``)."""
+    if nest.dense:
+        return dense_over_threads
     feat = _feature(nest)
     if nest.scatter:  # rows add into outputs indexed by their entries' columns: atomics per entry
         return rows_over_threads
@@ -324,6 +369,7 @@ def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
 
 def finalize_cuda(mod, program):
     """Module-level rewrites after the per-nest templates: atomic write-backs for nests whose
-    rows repeat, then horizontal fusion of a composite's parts into one launch."""
+    rows repeat, dense epilogues folded into the launch of the sparse nest they follow
+    (``schedules.epilogue``), then horizontal fusion of a composite's parts into one launch."""
     (gv, func), = mod.functions.items()
-    return tvm.IRModule({gv: fuse_parts(atomic_writeback(func), program)})
+    return tvm.IRModule({gv: fuse_parts(fuse_epilogues(atomic_writeback(func), program), program)})

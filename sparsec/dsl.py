@@ -32,8 +32,16 @@ Indirect reads. A dense buffer axis may be indexed by a read of an integer input
 kernel checks every index value against the axis extent before it launches.
 
 Statements: ``X[..] = e`` (assignment), ``X[..] += e`` (sum reduction) and
-``X[..] = maximum(X[..], e)`` (max reduction). Functions: ``exp``, ``maximum``,
+``X[..] = maximum(X[..], e)`` (max reduction, in an iteration with R axes; without R axes
+it is an in-place assignment, e.g. a ReLU). Functions: ``exp``, ``maximum``,
 ``minimum``, ``sqrt``, ``select``.
+
+An iteration that iterates the sparse structure (row and column axes together) visits the
+matrix's stored entries. Any other iteration is a *dense* loop nest over coordinates: the
+row axis alone runs over 0..rows, the column axis alone over 0..cols, dense axes over their
+extents; it reads and writes dense buffers only, after the iterations before it (a bias
+and ReLU epilogue over [I, K], a transform ``H[j, g] += X[j, f] * W[f, g]`` over [J, F, G]
+computed once per column, not once per stored entry).
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
-from .expr import BinOp, Call, Const, Expr, Select, wrap
+from .expr import BinOp, Call, Const, Expr, Select, walk, wrap
 from .formats.axes import AXIS_KINDS, DenseFixed, DenseVariable, SparseFixed, SparseVariable
 
 __all__ = [
@@ -183,8 +191,10 @@ class Buffer:
             op._add_statement(Statement(target, value.value, value.kind))
             return
         value = wrap(value)
-        # X[..] = maximum(X[..], e) is a max reduction
-        if isinstance(value, Call) and value.fn in ("max", "min") and any(
+        # X[..] = maximum(X[..], e) is a max reduction in an iteration with R axes; without
+        # them it is an in-place assignment (a ReLU: C[i, k] = maximum(C[i, k], 0.0))
+        reduces = op._open is not None and "R" in op._open.kinds
+        if reduces and isinstance(value, Call) and value.fn in ("max", "min") and any(
                 isinstance(a, Access) and a.buffer is self and a.axes == target.axes for a in value.args):
             rest = [a for a in value.args if not (isinstance(a, Access) and a.buffer is self and a.axes == target.axes)]
             op._add_statement(Statement(target, rest[0], value.fn))
@@ -392,9 +402,11 @@ class Operator:
             raise RuntimeError("iterations do not nest; close the previous one first")
         if len(kinds) != len(axes) or set(kinds) - {"S", "R"}:
             raise ValueError(f"kinds should be one S or R per axis ({len(axes)} axes), got {kinds!r}")
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"an iteration lists each axis once, got {[a.name for a in axes]}")
         for a in axes:
-            if a.parent is not None and a.parent not in axes:
-                raise ValueError(f"axis {a.name} is iterated without its parent {a.parent.name}")
+            if a not in self.axes:
+                raise ValueError(f"axis {a!r} does not belong to {self.name}")
         it = Iteration(name or f"{self.name}{len(self.iterations) or ''}", axes, kinds)
         self._open = it
         _STACK.append(self)
@@ -420,11 +432,21 @@ class Operator:
             raise ValueError(f"iteration {it.name} reduces over {[a.name for a in reduce_axes]} but the statement is "
                              "a plain assignment; write X[..] += e or X[..] = maximum(X[..], e)")
         if st.reduce is not None and not reduce_axes:
-            raise ValueError(f"iteration {it.name} has a reduction statement but no R axis")
+            raise ValueError(f"iteration {it.name} has a reduction statement but no R axis; mark the reduced axis R, "
+                             f"or write an in-place update as an assignment (X[..] = X[..] + e)")
         for a in st.target.axes:
             if a in reduce_axes:
                 raise ValueError(f"the output {st.target.buffer.name} is indexed by reduction axis {a.name}")
+        if not self.is_sparse_iteration(it):
+            _check_dense_statement(it, st)
         it.statement = st
+
+    def is_sparse_iteration(self, it: "Iteration") -> bool:
+        """True when ``it`` iterates the sparse structure (row and column axes together): its
+        loops run over the matrix's stored entries. Any other iteration is a dense loop nest
+        (row axis: 0..rows, column axis: 0..cols, dense axes: their extents)."""
+        row, col = self.structure()
+        return row in it.axes and col in it.axes
 
     # ---- queries used by lowering ----------------------------------------------------------
     def structure(self) -> Tuple[Axis, Axis]:
@@ -460,6 +482,29 @@ class Operator:
 
 
 _STACK: List[Operator] = []
+
+
+def _check_dense_statement(it: Iteration, st: Statement) -> None:
+    """A dense iteration sees coordinates only: no stored entry (sparse buffers), no axis it
+    does not iterate. Refused with what to write instead."""
+    axes = ", ".join(a.name for a in it.axes)
+    accesses = [st.target] + [n for n in walk(st.value) if isinstance(n, Access)]
+    for acc in accesses:
+        used = ", ".join(a.name for a in acc.axes)
+        if acc.buffer.sparse:
+            row, col = acc.buffer.axes
+            raise ValueError(
+                f"iteration {it.name} over [{axes}] does not iterate the sparse structure ({row.name}, {col.name}), "
+                f"so it cannot {'write' if acc is st.target else 'read'} the sparse buffer "
+                f"{acc.buffer.name}[{used}] (one value per stored entry); iterate [{row.name}, {col.name}, ...] "
+                f"together to reach it, or reduce it into a dense buffer in such an iteration first")
+        for a in acc.axes:
+            if a not in it.axes:
+                raise ValueError(
+                    f"iteration {it.name} over [{axes}] {'writes' if acc is st.target else 'reads'} "
+                    f"{acc.buffer.name}[{used}], but axis {a.name} is not "
+                    f"iterated here; add {a.name} to the iteration's axes, or compute what it needs from "
+                    f"{acc.buffer.name} in an iteration over {a.name} first")
 
 
 def _current_op() -> Operator:

@@ -11,7 +11,8 @@ padding). So every reference reads the instance's logical pattern (``to_scipy`` 
 
 ``spmm``, ``sddmm`` and ``attention`` are the library's, written for speed; ``evaluate``
 interprets *any* DSL operator on the logical pattern (each iteration vectorised over the
-matrix's entries and the dense axes), so user-written operators have a reference too.
+matrix's entries and the dense axes; a dense iteration over its axes' coordinates), so
+user-written operators have a reference too.
 """
 from __future__ import annotations
 
@@ -139,6 +140,9 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
         else:
             vals[b.name] = np.zeros(want)
     for it in op.iterations:
+        if not op.is_sparse_iteration(it):
+            _evaluate_dense(it, vals, extent, dtype)
+            continue
         st = it.statement
         others = [a for a in it.axes if a is not row and a is not col]
         ndim = 1 + len(others)
@@ -190,6 +194,33 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
     for b in op.outputs():
         res.append(_per_slot(A, m, vals[b.name]) if b.sparse else vals[b.name])
     return res[0] if len(res) == 1 else tuple(res)
+
+
+def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
+    """A dense iteration (no sparse structure): its statement over the grid of its axes'
+    coordinates (the row axis 0..rows, the column axis 0..cols), reductions over its R axes,
+    reading the values the earlier iterations left."""
+    st = it.statement
+    shape = tuple(extent(a) for a in it.axes)
+
+    def index(axis):
+        at = [1] * len(shape)
+        at[it.axes.index(axis)] = shape[it.axes.index(axis)]
+        return np.arange(shape[it.axes.index(axis)]).reshape(at)
+
+    def access(acc: Access):
+        return vals[acc.buffer.name][tuple(index(a) for a in acc.axes)]
+
+    with np.errstate(all="ignore"):
+        value = np.broadcast_to(_eval(st.value, access), shape)
+    out = vals[st.target.buffer.name]
+    idx = tuple(np.broadcast_to(index(a), shape) for a in st.target.axes)
+    if st.reduce is None:
+        out[idx] = value
+    else:
+        out[...] = identity(st.reduce, dtype)
+        with np.errstate(all="ignore"):
+            _AT[st.reduce](out, idx, value)
 
 
 def _eval(e: Expr, access):

@@ -170,12 +170,14 @@ def test_kinds_of_wrong_length_or_letters(kinds):
             pass
 
 
-def test_child_axis_without_parent():
+def test_child_axis_without_parent_cannot_read_entries():
+    """The column axis alone is a dense loop over 0..cols: it has no stored entry to read."""
     op, I, J = _structure()
-    op.sparse_input("A", (I, J))
-    with pytest.raises(ValueError, match=r"axis j is iterated without its parent i"):
-        with op.iterate([J], "S"):
-            pass
+    A = op.sparse_input("A", (I, J))
+    y = op.dense_output("y", (J,))
+    with pytest.raises(ValueError, match=r"does not iterate the sparse structure \(i, j\).*iterate \[i, j, ...\]"):
+        with op.iterate([J], "S") as (j,):
+            y[j] = A[dsl.IterVar(I), j]
 
 
 def test_reduction_output_indexed_by_reduction_axis():

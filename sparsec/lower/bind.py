@@ -9,6 +9,12 @@ format's name: only its axes.
 A composite format (hyb, bsr+csr) is decomposed here: every iteration is bound once
 per part, the part's axes and index arrays renamed ``p<k>_...`` so that the parts
 of one kernel never share a name.
+
+An iteration that does not iterate (row, sparse axis) together is *dense*
+(``Operator.is_sparse_iteration``): it does not depend on the format, so it is bound
+once, whatever the parts, as plain loops over its axes in the order given (the row axis
+over 0..rows, the column axis over 0..cols). Its first loop takes the role "root" (the
+loop schedules distribute), the others "dense".
 """
 from __future__ import annotations
 
@@ -49,6 +55,8 @@ class BoundIteration:
     col_axis: DslAxis
     part: int = 0
     origin: str = ""  # the DSL iteration's name (a composite binds it once per part)
+    dense: bool = False  # a dense loop nest over coordinates (no format axes, ``chain`` empty)
+    axes: Tuple[DslAxis, ...] = ()  # a dense iteration's operator axes, one per loop
 
 
 @dataclass
@@ -97,6 +105,9 @@ def bind(op: Operator, fmt: Format, params: Dict[str, int]) -> BoundOperator:
     parts = [prefixed(p, f"p{k}_") for k, p in enumerate(fmt.parts)] if isinstance(fmt, CompositeFormat) else [fmt]
     out = []
     for it in op.iterations:
+        if not op.is_sparse_iteration(it):
+            out.append(_bind_dense(it, row, col, params))
+            continue
         for k, part in enumerate(parts):
             b = _bind_iteration(it, part, row, col, params)
             b.part, b.origin = k, it.name
@@ -119,9 +130,17 @@ def prefixed(fmt: Format, prefix: str) -> Format:
     return replace(fmt, axes=tuple(axes), slot_mask=mask)
 
 
+def _bind_dense(it: Iteration, row: DslAxis, col: DslAxis, params) -> BoundIteration:
+    """A dense iteration: one loop per axis, extents None for the matrix's rows and columns
+    (known at run time), the compile-time extent otherwise."""
+    loops = []
+    for n, (a, k) in enumerate(zip(it.axes, it.kinds)):
+        extent = None if a is row or a is col else (a.extent if isinstance(a.extent, int) else params[a.extent])
+        loops.append(Loop(a.name, k, "root" if n == 0 else "dense", None, extent))
+    return BoundIteration(it.name, loops, it.statement, (), row, col, 0, it.name, dense=True, axes=tuple(it.axes))
+
+
 def _bind_iteration(it: Iteration, fmt: Format, row: DslAxis, col: DslAxis, params) -> BoundIteration:
-    if row not in it.axes or col not in it.axes:
-        raise ValueError(f"iteration {it.name} should iterate over the sparse structure ({row.name}, {col.name})")
     loops: List[Loop] = []
     for n, fa in enumerate(fmt.axes):
         logical = row if fa.dim == 0 else col

@@ -140,7 +140,7 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
 
     nests = []
     for nest in prog.nests:
-        part = None if nest.fill else parts[nest.part or 0]
+        part = None if nest.fill or nest.dense else parts[nest.part or 0]
         chain = tuple(part.axes) if part is not None else ()
         loops = {b.loop.name: iv(b.loop) for blk in nest.blocks for b in blk}
 

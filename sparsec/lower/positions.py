@@ -25,6 +25,10 @@ Loops are grouped into blocks: the row loop is a block of its own, and a variabl
 axis (extent from ``indptr``) opens a new, inner block, because its extent reads the
 outer loops' positions.
 
+A dense iteration (``bind``: no format axes) becomes a *dense* nest: its loops over
+coordinates (rows, cols or a compile-time extent), the row loop a block of its own like a
+sparse nest's, every access indexed by the loop iterators; it initialises what it reduces.
+
 A reduction into a dense output whose rows more than one root position may reach
 (the parts of a composite format, or a root listing rows with repeats) gets a
 *fill* nest that sets the output to the identity first; each part then only adds
@@ -86,6 +90,8 @@ class LoopNest:
     root_extent: Optional[Expr] = None
     fill: bool = False
     scatter: bool = False  # a reduction over the row axis: every row adds into outputs indexed by other coordinates
+    dense: bool = False  # a dense iteration's nest: loops over coordinates, no sparse structure
+    origin: str = ""  # the DSL iteration it comes from (its parts and fill nest share it)
 
 
 @dataclass
@@ -101,6 +107,9 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
     nests, filled = [], set()
     neutral = neutral_iterations(bound.op)
     for it in bound.iterations:
+        if it.dense:
+            nests.append(_lower_dense(it))
+            continue
         st = it.statement
         unique = bound.parts[it.part].axes[0].unique
         dense_reduce = st.reduce is not None and not st.target.buffer.sparse
@@ -212,7 +221,7 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
     atomic = (not init) and (not chain[0].unique or over_rows)
     return LoopNest(it.name, blocks, target, value, st.reduce, _all(write_guards) if write_guards else None,
                     roles, init=init, atomic=atomic, part=it.part if bound.composite else None,
-                    root_extent=extent_var(chain[0].name), scatter=over_rows)
+                    root_extent=extent_var(chain[0].name), scatter=over_rows, origin=it.origin)
 
 
 def _blocks(loops, chain) -> List[List[LoopIR]]:
@@ -225,6 +234,25 @@ def _blocks(loops, chain) -> List[List[LoopIR]]:
             blocks.append([])
         blocks[-1].append(LoopIR(l, _extent(l, chain)))
     return blocks
+
+
+def _lower_dense(it: BoundIteration) -> LoopNest:
+    """A dense iteration: loops over its axes' coordinates, accesses at the loop iterators."""
+    extents = {it.row_axis.name: ROWS, it.col_axis.name: COLS}
+    loops = [LoopIR(l, Const(l.extent) if l.extent is not None else extents[l.name]) for l in it.loops]
+    by_axis = {a: iv(l.loop) for a, l in zip(it.axes, loops)}
+    st = it.statement
+
+    def rewrite(acc: Access) -> Load:
+        return Load(acc.buffer.name, tuple(by_axis[a] for a in acc.axes))
+
+    value = transform(st.value, lambda n: rewrite(n) if isinstance(n, Access) else None)
+    # the first loop a block of its own, as a sparse nest's row loop; one block when it is a
+    # reduction loop (a T.init in an inner block without it would run on every iteration)
+    blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else []) if loops[0].loop.kind == "S" else [loops]
+    return LoopNest(it.name, blocks, rewrite(st.target), value, st.reduce, None,
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=loops[0].extent, dense=True,
+                    origin=it.origin)
 
 
 def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
@@ -247,7 +275,8 @@ def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
     blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
     name = f"{it.origin}_fill_{st.target.buffer.name}"
     return LoopNest(name, blocks, Load(st.target.buffer.name, tuple(idx)), IDENTITY[st.reduce], None, None,
-                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=ROWS, fill=True)
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=ROWS, fill=True,
+                    origin=it.origin)
 
 
 def _all(conds: List[Expr]) -> Expr:
