@@ -310,7 +310,9 @@ def template_for(nest):
     if nest.dense:
         return dense_over_threads
     feat = _feature(nest)
-    if nest.scatter:  # rows add into outputs indexed by their entries' columns: atomics per entry
+    if nest.scatter or (feat is not None and feat.loop.extent is None):
+        # rows add into outputs indexed by their entries' columns (atomics per entry), or the
+        # innermost loop runs over rows / columns (a run-time extent): a thread per row
         return rows_over_threads
     if feat is None:
         if nest.reduce is not None and nest.init and not nest.fill:

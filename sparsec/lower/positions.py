@@ -270,8 +270,11 @@ def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
     if not loops:
         raise ValueError(f"{it.name}: a reduction into the scalar {st.target.buffer.name} over several parts or "
                          "rows: give it an axis (e.g. over the row axis) and sum that afterwards")
-    first = loops[0]  # the fill's outermost loop is the one schedules bind to thread blocks
-    loops[0] = LoopIR(Loop(first.loop.name, "S", "root", None, first.loop.extent), first.extent)
+    # the fill's outermost loop is the one schedules bind to thread blocks, whatever it indexes:
+    # loops over rows or columns (run-time extents) first, compile-time extents inside
+    loops = sorted(loops, key=lambda l: l.loop.extent is not None)
+    loops = [LoopIR(Loop(l.loop.name, "S", "root" if n == 0 else "dense", None, l.loop.extent), l.extent)
+             for n, l in enumerate(loops)]
     blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
     name = f"{it.origin}_fill_{st.target.buffer.name}"
     return LoopNest(name, blocks, Load(st.target.buffer.name, tuple(idx)), IDENTITY[st.reduce], None, None,
