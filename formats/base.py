@@ -226,16 +226,7 @@ class FormatInstance:
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
         """The matrix's entries (its logical pattern) as a canonical scipy CSR matrix: explicit
         zeros the input stored are kept, padding (see the module docstring) is dropped. ``values`` replaces ``data`` (e.g. an SDDMM output)."""
-        vals = self.slot_values() if values is None else np.asarray(values).reshape(-1)
-        if vals.size != self.stored:
-            raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
-        if vals.dtype == np.float16:  # scipy.sparse has no float16; float32 holds it exactly
-            vals = vals.astype(np.float32)
-        rows, cols = self.stored_coords()
-        ok = rows >= 0
-        m = sp.csr_matrix((vals[ok], (rows[ok], cols[ok])), shape=self.shape)
-        m.sort_indices()
-        return m
+        return slots_to_scipy(self, values)
 
     def to_dense(self, values: np.ndarray | None = None) -> np.ndarray:
         """The matrix as a dense numpy array (in the instance's dtype)."""
@@ -344,6 +335,23 @@ class FormatInstance:
         for cache in ("_device_arrays", "_slot_map", "_slot_map_device"):
             state.pop(cache, None)
         return state
+
+def slots_to_scipy(inst, values: np.ndarray | None = None) -> sp.csr_matrix:
+    """One value per stored slot of ``inst`` (a format instance or a composite: anything with
+    ``slot_values``, ``stored``, ``stored_coords`` and ``shape``) as canonical scipy CSR at the
+    slots' coordinates. Built from coordinates, never by adding matrices: a sum drops explicit
+    zeros, which are entries of the matrix."""
+    vals = inst.slot_values() if values is None else np.asarray(values).reshape(-1)
+    if vals.size != inst.stored:
+        raise ValueError(f"values should have {inst.stored} entries (one per stored slot), got {vals.size}")
+    if vals.dtype == np.float16:  # scipy.sparse has no float16; float32 holds it exactly
+        vals = vals.astype(np.float32)
+    rows, cols = inst.stored_coords()
+    ok = rows >= 0
+    m = sp.csr_matrix((vals[ok], (rows[ok], cols[ok])), shape=inst.shape)
+    m.sort_indices()
+    return m
+
 
 def masked_coords(inst: "FormatInstance", rows: np.ndarray, cols: np.ndarray):
     """``(rows, cols)`` with the slots the instance's slot mask marks as padding set to -1

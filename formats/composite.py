@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import scipy.sparse as sp
 
-from .base import Format, FormatInstance
+from .base import Format, FormatInstance, slots_to_scipy
 
 
 @dataclass(frozen=True)
@@ -177,18 +177,7 @@ class CompositeInstance:
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
         """The matrix's entries as canonical scipy CSR, explicit zeros kept, padding dropped
         (parts never share an entry)."""
-        vals = self.slot_values() if values is None else np.asarray(values).reshape(-1)
-        if vals.size != self.stored:
-            raise ValueError(f"values should have {self.stored} entries (one per stored slot), got {vals.size}")
-        if vals.dtype == np.float16:  # scipy.sparse has no float16; float32 holds it exactly
-            vals = vals.astype(np.float32)
-        rows, cols = self.stored_coords()
-        ok = rows >= 0
-        # built from coordinates, not by adding the parts: a sum of matrices drops explicit zeros,
-        # which are entries of the matrix (formats.base)
-        m = sp.csr_matrix((vals[ok], (rows[ok], cols[ok])), shape=self.shape)
-        m.sort_indices()
-        return m
+        return slots_to_scipy(self, values)
 
     def to_dense(self, values: np.ndarray | None = None) -> np.ndarray:
         return self.to_scipy(values).toarray()

@@ -77,6 +77,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     dtype = dtype_spec(dtype or "float32").name
     refuse_unsupported(operator, fmt, dtype)
     spec = parse_target(target)
+    if spec.kind == "cuda":
+        refuse_on_cuda(operator, fmt)
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda")
     config = {}
     if tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
@@ -93,6 +95,21 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())
+
+
+def refuse_on_cuda(operator: Operator, fmt) -> None:
+    """Refuse what the CUDA templates are known to get wrong, by capability: a sparse output
+    or temporary with trailing axes (``S[i, j, h]``) on a format whose parts list their rows
+    (hyb's row lists) gave wrong scores on the H200 (``benchmarks/results/edge_data_H200.json``),
+    while csr, ell, bsr and bsr+csr were right. Better a refusal than a wrong answer."""
+    parts = fmt.parts if isinstance(fmt, CompositeFormat) else (fmt,)
+    if not any(p.axes[0].sparse for p in parts):
+        return
+    for b in operator.buffers:
+        if b.sparse and b.role != "input" and len(b.axes) > 2:
+            raise ValueError(f"{operator.name} x {fmt.spec} is not supported on CUDA: the sparse {b.role} {b.name} has "
+                             f"trailing axes ({', '.join(a.name for a in b.axes[2:])}) and {fmt.spec}'s parts list "
+                             "their rows; compile it for csr, ell, bsr or bsr+csr on CUDA, or for llvm")
 
 
 FLOAT_ONLY_CALLS = ("exp", "sqrt")  # DSL calls whose result is not an integer

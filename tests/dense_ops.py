@@ -7,17 +7,25 @@ import numpy as np
 
 from sparsec import dsl
 
-def spmm_bias_relu() -> dsl.Operator:
-    op = dsl.Operator("spmm_bias_relu", "C = relu(A @ B + bias)")
+
+def _spmm(name: str, doc: str):
+    """(op, I, K, C) after ``C[i, k] += A[i, j] * B[j, k]``: the sparse nest every epilogue
+    operator here starts from (its inputs A and B, declared first)."""
+    op = dsl.Operator(name, doc)
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
     K = op.dense_fixed("k", extent="feat")
     A = op.sparse_input("A", (I, J))
     B = op.dense_input("B", (J, K))
-    bias = op.dense_input("bias", (K,))
     C = op.dense_output("C", (I, K))
     with op.iterate([I, J, K], "SRS") as (i, j, k):
         C[i, k] += A[i, j] * B[j, k]
+    return op, I, K, C
+
+
+def spmm_bias_relu() -> dsl.Operator:
+    op, I, K, C = _spmm("spmm_bias_relu", "C = relu(A @ B + bias)")
+    bias = op.dense_input("bias", (K,))
     with op.iterate([I, K], "SS") as (i, k):
         C[i, k] = dsl.maximum(C[i, k] + bias[k], 0.0)
     return op
@@ -62,15 +70,7 @@ def row_normalised() -> dsl.Operator:
 
 
 def inplace_relu() -> dsl.Operator:
-    op = dsl.Operator("spmm_relu", "C = relu(A @ B)")
-    I = op.dense_fixed("i")
-    J = op.sparse_variable("j", parent=I)
-    K = op.dense_fixed("k", extent="feat")
-    A = op.sparse_input("A", (I, J))
-    B = op.dense_input("B", (J, K))
-    C = op.dense_output("C", (I, K))
-    with op.iterate([I, J, K], "SRS") as (i, j, k):
-        C[i, k] += A[i, j] * B[j, k]
+    op, I, K, C = _spmm("spmm_relu", "C = relu(A @ B)")
     with op.iterate([I, K], "SS") as (i, k):
         C[i, k] = dsl.maximum(C[i, k], 0.0)
     return op
@@ -98,16 +98,8 @@ def dense_only() -> dsl.Operator:
 
 def l2_rows() -> dsl.Operator:
     """SpMM, then each row scaled to unit L2 norm: a reduction over the row axis alone's features."""
-    op = dsl.Operator("spmm_l2", "C = rownormalize(A @ B)")
-    I = op.dense_fixed("i")
-    J = op.sparse_variable("j", parent=I)
-    K = op.dense_fixed("k", extent="feat")
-    A = op.sparse_input("A", (I, J))
-    B = op.dense_input("B", (J, K))
-    C = op.dense_output("C", (I, K))
+    op, I, K, C = _spmm("spmm_l2", "C = rownormalize(A @ B)")
     n = op.dense_temp("n", (I,))
-    with op.iterate([I, J, K], "SRS") as (i, j, k):
-        C[i, k] += A[i, j] * B[j, k]
     with op.iterate([I, K], "SR") as (i, k):
         n[i] += C[i, k] * C[i, k]
     with op.iterate([I, K], "SS") as (i, k):

@@ -288,6 +288,13 @@ def test_rgcn_homo_builds_for_cuda_and_nvcc_compiles_it():
         assert ok, f"{key}: {output[-2000:]}"
 
 
+def test_trailing_axis_sparse_output_on_row_lists_is_refused_on_cuda():
+    """hyb's parts list their rows; S[i, j, h] there was wrong on the H200: refused by name."""
+    with pytest.raises(ValueError, match=r"sparse output S has trailing axes \(h\).*compile it for csr"):
+        sparsec.compile(sddmm_multihead(), "hyb:1:1/2/4", target="cuda:sm_90a", heads=2, feat=16)
+    sparsec.compile(sddmm_multihead(), "hyb:1:1/2/4", target="llvm", heads=2, feat=16)  # the CPU is right
+
+
 def test_exported_kernel_keeps_edge_inputs_and_index_checks(rgcn_kernels, tmp_path):
     inst = _inst("csr")
     E, W, X = _rgcn_inputs(inst)
