@@ -14,6 +14,7 @@ from .axes import AXIS_KINDS, Axis, DenseFixed, DenseVariable, SparseFixed, Spar
 from .base import SUPPORTED_VALUE_DTYPES, Format, FormatInstance
 from .composite import CompositeFormat, CompositeInstance
 from .edge_values import EdgeValues
+from .stack import stack_rows, unstack_rows
 from .convert import Canonical, as_csr
 from .registry import families, make_format, module_for, parse_spec
 
@@ -38,6 +39,7 @@ def convert(matrix, fmt_or_spec, **kw) -> FormatInstance:
 
 
 __all__ = [
+    "stack_rows", "unstack_rows",
     "Axis", "DenseFixed", "DenseVariable", "SparseFixed", "SparseVariable", "AXIS_KINDS",
     "Format", "FormatInstance", "CompositeFormat", "CompositeInstance", "EdgeValues", "SUPPORTED_VALUE_DTYPES",
     "make_format", "families", "module_for", "parse_spec", "convert", "as_csr",

@@ -307,6 +307,8 @@ def dense_over_threads(sch: s_tir.Schedule, nest):
 def template_for(nest):
     """The transformation that fits a nest (decided by its feature loop; a dense nest, with
     no sparse structure, by ``dense_over_threads``)."""
+    if nest.template == "segment_contract":
+        return segment_contract_kernel
     if nest.dense:
         return dense_over_threads
     feat = _feature(nest)
@@ -326,6 +328,12 @@ def template_for(nest):
     # a reduction over the entries and over a dense axis with the feature loop reduced too
     # (W[E[i, j], g, f] * X[j, f] summed over j and f): no lane template fits; a thread per row
     return rows_over_threads
+
+
+@transformation()
+def segment_contract_kernel(sch: s_tir.Schedule, nest):
+    """Nests the emitter wrote as a whole kernel (``schedules.segment_contract``): its loops
+    are bound already, nothing to do."""
 
 
 def _fused_by(nest, step) -> bool:

@@ -166,7 +166,8 @@ def index_extents(operator: Operator, bound) -> dict:
             for a, declared in zip(acc.axes, acc.buffer.axes):
                 if not hasattr(a, "buffer"):
                     continue
-                dim = "rows" if declared is row else "cols" if declared is col else bound.extent(declared)
+                dim = ("lrows" if row.parent is not None else "rows") if declared is row else \
+                    "cols" if declared is col else bound.extent(declared)
                 use = (dim, f"axis {declared.name} of {acc.buffer.name}")
                 out.setdefault(a.buffer.name, [])
                 if use not in out[a.buffer.name]:
@@ -184,8 +185,12 @@ def _param_specs(program):
         buf = by_name.get(b.name)
         out.append(ParamSpec(b.name, b.role, b.dtype, shape, buf is not None and buf.sparse,
                              buf is not None and buf.matrix, extents.get(b.name, ())))
+    outer = 1
+    for a in op.outer_axes():
+        outer *= program.bound.extent(a)
     for s in program.scalars:
-        out.append(ParamSpec(s, "scalar", "int32"))
+        # lrows (rows per outer coordinate) carries the outer extent: a call derives it from rows
+        out.append(ParamSpec(s, "scalar", "int32", (outer,) if s == "lrows" else ()))
     return out
 
 
@@ -194,6 +199,6 @@ def _dim(e):
 
     if isinstance(e, Const):
         return int(e.value)
-    if isinstance(e, Var) and e.name in ("rows", "cols"):
+    if isinstance(e, Var) and e.name in ("rows", "cols", "lrows"):
         return e.name
     return None

@@ -126,6 +126,12 @@ class Buffer:
     role: str  # input | output | temp
     dtype: Optional[str] = None
     matrix: bool = False  # the first sparse input: its values are the matrix's data
+    levels: int = 2  # a sparse buffer's leading axes that are the structure's levels ((r,) i, j)
+
+    @property
+    def trailing(self) -> Tuple[Axis, ...]:
+        """A sparse buffer's dense axes after the structure (one value per slot per coordinate)."""
+        return self.axes[self.levels:] if self.sparse else ()
 
     @property
     def integer(self) -> bool:
@@ -282,9 +288,28 @@ class Operator:
     _open: Optional[Iteration] = field(default=None, repr=False)
 
     # ---- axes (SparseTIR's four kinds) ----------------------------------------------
-    def dense_fixed(self, name: str, extent: Union[int, str, None] = None) -> Axis:
-        """A dense axis. ``extent=None`` makes it the row axis of the sparse structure."""
-        return self._axis(Axis(name, DenseFixed, None, extent))
+    def dense_fixed(self, name: str, extent: Union[int, str, None] = None, parent: Optional[Axis] = None) -> Axis:
+        """A dense axis. ``extent=None`` makes it the row axis of the sparse structure;
+        ``parent`` (a dense axis with an extent, e.g. relations ``r``) puts that row axis under
+        it: the structure is then (r, i, j), one pattern per r (``A[r, i, j]``), and a matrix
+        bound to it holds the patterns stacked along its rows (row ``r * n + i``,
+        ``sparsec.formats.stack_rows``)."""
+        if parent is not None:
+            if extent is not None:
+                raise ValueError(f"axis {name}: an axis under parent {parent.name} is the structure's row axis, whose "
+                                 f"extent comes from the matrix; drop extent={extent!r}")
+            self._outer_parent(parent, name)
+        return self._axis(Axis(name, DenseFixed, parent, extent))
+
+    def _outer_parent(self, parent: Axis, name: str) -> None:
+        if parent not in self.axes:
+            raise ValueError(f"axis {name}: parent should be an axis of {self.name}, got {parent!r}")
+        if parent.kind is not DenseFixed or parent.extent is None:
+            raise ValueError(f"axis {name}: the parent of a row axis should be a dense axis with an extent "
+                             f"(op.dense_fixed({parent.name!r}, extent='rel')), got {parent!r}")
+        if any(a.parent is parent for a in self.axes):
+            raise ValueError(f"axis {name}: {parent.name} already has a child axis; one sparse structure per "
+                             f"operator, with at most one row axis")
 
     def dense_variable(self, name: str, parent: Axis) -> Axis:
         """A ragged dense axis under ``parent`` (a segment: positions, no column indices)."""
@@ -303,9 +328,9 @@ class Operator:
     def _parent(self, parent: Axis, name: str) -> Axis:
         if parent not in self.axes:
             raise ValueError(f"axis {name}: parent should be an axis of {self.name}, got {parent!r}")
-        if parent.extent is not None or parent.parent is not None:
+        if not _is_row(parent):
             raise ValueError(f"axis {name}: parent should be the row axis (dense_fixed with no extent), got {parent!r}")
-        other = next((a for a in self.axes if a.parent is not None), None)
+        other = next((a for a in self.axes if a.parent is not None and _is_row(a.parent)), None)
         if other is not None:
             raise ValueError(f"axis {name}: {self.name} already has the sparse structure ({other.parent.name}, "
                              f"{other.name}); an operator has one sparse structure, so a second sparse axis is not "
@@ -355,29 +380,30 @@ class Operator:
         matrix = sparse and role == "input" and self.matrix() is None
         if sparse:
             self._check_sparse_axes(name, axes, matrix)
-        buf = Buffer(name, axes, sparse, role, dtype, matrix)
+        buf = Buffer(name, axes, sparse, role, dtype, matrix, len(self.levels()) if sparse else 2)
         self.buffers.append(buf)
         return buf
 
     def _check_sparse_axes(self, name: str, axes: Tuple[Axis, ...], matrix: bool) -> None:
         """A sparse buffer lives on (row, col), optionally followed by dense axes of fixed
         extent (one value per stored slot per trailing coordinate); the matrix has none."""
-        row, col = self.structure()
+        levels = self.levels()
         names = [a.name for a in axes]
-        if axes[:2] != (row, col):
+        lv = ", ".join(a.name for a in levels)
+        if axes[:len(levels)] != levels:
             raise ValueError(f"sparse buffer {name} is declared over {names}: a sparse buffer lives on the "
-                             f"operator's sparse structure ({row.name}, {col.name}), optionally followed by dense "
-                             f"axes, e.g. ({row.name}, {col.name}, h); for values over other axes declare a dense "
+                             f"operator's sparse structure ({lv}), optionally followed by dense "
+                             f"axes, e.g. ({lv}, h); for values over other axes declare a dense "
                              f"buffer (op.dense_input)")
-        for a in axes[2:]:
+        for a in axes[len(levels):]:
             if a.structural or a.extent is None:
                 raise ValueError(f"sparse buffer {name}: trailing axis {a.name} should be a dense axis with an "
                                  f"extent (op.dense_fixed({a.name!r}, extent=...)), not an axis of the structure")
         if len(set(axes)) != len(axes):
             raise ValueError(f"sparse buffer {name} names an axis twice: {names}")
-        if matrix and len(axes) > 2:
+        if matrix and len(axes) > len(levels):
             raise ValueError(f"sparse input {name} is the operator's first sparse input, the matrix, whose values are "
-                             f"one per entry; declare the matrix over ({row.name}, {col.name}) first, then "
+                             f"one per entry; declare the matrix over ({lv}) first, then "
                              f"{name} as a further sparse input over {names}")
 
     def matrix(self) -> Optional[Buffer]:
@@ -439,6 +465,15 @@ class Operator:
                 raise ValueError(f"the output {st.target.buffer.name} is indexed by reduction axis {a.name}")
         if not self.is_sparse_iteration(it):
             _check_dense_statement(it, st)
+        else:
+            missing = [a.name for a in self.outer_axes() if a not in it.axes]
+            if missing:
+                lv = ", ".join(a.name for a in self.levels())
+                row, col = self.structure()
+                raise ValueError(f"iteration {it.name} iterates the structure's ({row.name}, {col.name}) without its "
+                                 f"outer axis {', '.join(missing)}: the entries of "
+                                 f"every {missing[0]} are visited, so list it too: op.iterate([{lv}, ...]) with "
+                                 f"{missing[0]} as S (per {missing[0]}) or R (summed over {missing[0]})")
         it.statement = st
 
     def is_sparse_iteration(self, it: "Iteration") -> bool:
@@ -451,11 +486,23 @@ class Operator:
     # ---- queries used by lowering ----------------------------------------------------------
     def structure(self) -> Tuple[Axis, Axis]:
         """(row axis, sparse column axis) of the operator's sparse structure."""
-        kids = [a for a in self.axes if a.parent is not None]
+        kids = [a for a in self.axes if a.parent is not None and _is_row(a.parent)]
         if len(kids) != 1:
             raise ValueError(f"operator {self.name} has no sparse structure yet: declare its column axis first, e.g. "
                              f"j = op.sparse_variable('j', parent=i) under a row axis i = op.dense_fixed('i')")
         return kids[0].parent, kids[0]
+
+    def outer_axes(self) -> Tuple[Axis, ...]:
+        """The dense axes above the row axis, outermost first (relations ``r`` in (r, i, j))."""
+        out, a = [], self.structure()[0].parent
+        while a is not None:
+            out.insert(0, a)
+            a = a.parent
+        return tuple(out)
+
+    def levels(self) -> Tuple[Axis, ...]:
+        """The structure's levels, outermost first: (r, i, j), or (i, j) without outer axes."""
+        return self.outer_axes() + self.structure()
 
     def default_format(self) -> str:
         """The format spec the declared axis kinds describe: a sparse_variable column axis is
@@ -484,6 +531,11 @@ class Operator:
 _STACK: List[Operator] = []
 
 
+def _is_row(axis: Axis) -> bool:
+    """The structure's row axis: dense_fixed without an extent (under an outer axis or not)."""
+    return axis.kind is DenseFixed and axis.extent is None
+
+
 def _check_dense_statement(it: Iteration, st: Statement) -> None:
     """A dense iteration sees coordinates only: no stored entry (sparse buffers), no axis it
     does not iterate. Refused with what to write instead."""
@@ -492,9 +544,10 @@ def _check_dense_statement(it: Iteration, st: Statement) -> None:
     for acc in accesses:
         used = ", ".join(a.name for a in acc.axes)
         if acc.buffer.sparse:
-            row, col = acc.buffer.axes
+            lv = acc.buffer.axes[:acc.buffer.levels]
+            row, col = lv[-2:]
             raise ValueError(
-                f"iteration {it.name} over [{axes}] does not iterate the sparse structure ({row.name}, {col.name}), "
+                f"iteration {it.name} over [{axes}] does not iterate the sparse structure ({', '.join(a.name for a in lv)}), "
                 f"so it cannot {'write' if acc is st.target else 'read'} the sparse buffer "
                 f"{acc.buffer.name}[{used}] (one value per stored entry); iterate [{row.name}, {col.name}, ...] "
                 f"together to reach it, or reduce it into a dense buffer in such an iteration first")

@@ -123,6 +123,9 @@ class Kernel:
             raise TypeError(f"{self.op_name} takes the sparse matrix and {len(inputs)} {kind} inputs ({names}), "
                             f"got {len(dense)}")
         sizes = scalar_values(A)
+        stacked = next((p for p in self.params if p.name == "lrows"), None)
+        if stacked is not None:
+            sizes["lrows"] = logical_rows(self.op_name, A, stacked.shape[0])
         like_torch = any(_is_torch(x) for x in dense)
         dev = self.target.device()
         by_name = {p.name: x for p, x in zip(inputs, dense)}
@@ -346,6 +349,17 @@ def scalar_values(A) -> Dict[str, int]:
     else:
         out.update({f"n_{a}": int(n) for a, n in A.extents().items()})
     return out
+
+
+def logical_rows(op_name: str, A, outer: int) -> int:
+    """Rows per outer coordinate of a stacked structure (r, i, j): A holds ``outer`` blocks of
+    rows, one per r (``formats.stack_rows``)."""
+    rows = int(A.shape[0])
+    if rows % outer:
+        raise ValueError(f"{op_name}: the matrix has {rows} rows, which should be {outer} equal blocks of rows, one "
+                         f"per coordinate of the structure's outer axis (its extent); build it with "
+                         f"sparsec.formats.stack_rows(matrices) or stack_rows(adj, types, {outer})")
+    return rows // outer
 
 
 _GPU_VISIBLE: Optional[bool] = None

@@ -85,7 +85,52 @@ def attention() -> Operator:
     return op
 
 
-LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention}
+def rgcn() -> Operator:
+    """Relational graph convolution: ``Y[i, g] = sum_r sum_j A[r, i, j] sum_f X[j, f] W[r, f, g]``.
+
+    One pattern per relation r (the structure (r, i, j): relations above the rows), bound to
+    the relations' matrices stacked along the rows (``sparsec.formats.stack_rows``: row
+    r * n + i), in any format family: csr is CSR per relation, hyb buckets the (r, i)
+    segments by length. A's values weigh the edges (1 / deg_r(i) for PyG's mean); a
+    self-loop relation with W[r] = W_root carries the root term. X is cols x fin, W is
+    rel x fin x fout, Y is n x fout. On CUDA the schedule sums each segment's X rows first
+    and multiplies once by W[r] (``schedules.segment_contract``), in one launch."""
+    op = Operator("rgcn", "Y[i, g] = sum_r sum_j A[r, i, j] * sum_f X[j, f] * W[r, f, g]")
+    R = op.dense_fixed("r", extent="rel")
+    I = op.dense_fixed("i", parent=R)
+    J = op.sparse_variable("j", parent=I)
+    F = op.dense_fixed("f", extent="fin")
+    G = op.dense_fixed("g", extent="fout")
+    A = op.sparse_input("A", (R, I, J))
+    X = op.dense_input("X", (J, F))
+    W = op.dense_input("W", (R, F, G))
+    Y = op.dense_output("Y", (I, G))
+    with op.iterate([R, I, J, G, F], "RSRSR") as (r, i, j, g, f):
+        Y[i, g] += A[r, i, j] * X[j, f] * W[r, f, g]
+    return op
+
+
+def batched_spmm() -> Operator:
+    """SpMM over a batch of graphs: ``C[b, i, k] = sum_j A[b, i, j] * X[b, j, k]``.
+
+    The batch axis sits above the rows (structure (b, i, j)); the graphs, n x m each, are
+    stacked along the rows (``sparsec.formats.stack_rows``), X is batch x m x feat and C
+    batch x n x feat: one launch for the whole batch, never a block-diagonal matrix."""
+    op = Operator("batched_spmm", "C[b, i, k] = sum_j A[b, i, j] * X[b, j, k]")
+    B = op.dense_fixed("b", extent="batch")
+    I = op.dense_fixed("i", parent=B)
+    J = op.sparse_variable("j", parent=I)
+    K = op.dense_fixed("k", extent="feat")
+    A = op.sparse_input("A", (B, I, J))
+    X = op.dense_input("X", (B, J, K))
+    C = op.dense_output("C", (B, I, K))
+    with op.iterate([B, I, J, K], "SSRS") as (b, i, j, k):
+        C[b, i, k] += A[b, i, j] * X[b, j, k]
+    return op
+
+
+LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention, "rgcn": rgcn,
+                                              "batched_spmm": batched_spmm}
 
 
 def get(name: str) -> Operator:

@@ -103,6 +103,7 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
         raise TypeError(f"{op.name} takes {len(inputs)} inputs after the matrix "
                         f"({', '.join(b.name for b in inputs)}), got {len(dense)}")
     row, col = op.structure()
+    outer = op.outer_axes()  # a structure (r, i, j): A holds the patterns stacked along its rows
     m = A.to_scipy()
     n_rows, n_cols = A.shape
     r = np.repeat(np.arange(n_rows), np.diff(m.indptr))
@@ -110,7 +111,7 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
 
     def extent(axis) -> int:
         if axis is row:
-            return n_rows
+            return n_rows // stacked
         if axis is col:
             return n_cols
         if isinstance(axis.extent, int):
@@ -119,9 +120,19 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
             raise ValueError(f"{op.name} needs params[{axis.extent!r}] (the extent of axis {axis.name})")
         return int(params[axis.extent])
 
+    stacked = 1
+    for a in outer:
+        stacked *= extent(a)
+    if n_rows % stacked:
+        raise ValueError(f"{op.name}: the matrix has {n_rows} rows, which should be {stacked} equal blocks of rows, "
+                         f"one per coordinate of {', '.join(a.name for a in outer)} (sparsec.formats.stack_rows)")
+    coordinate = {row: r % (n_rows // stacked)}
+    if outer:
+        coordinate[outer[0]] = r // (n_rows // stacked)
+
     vals: dict = {}
     for b in op.buffers:
-        want = tuple(extent(a) for a in b.axes) if not b.sparse else (m.nnz,) + tuple(extent(a) for a in b.axes[2:])
+        want = tuple(extent(a) for a in b.axes) if not b.sparse else (m.nnz,) + tuple(extent(a) for a in b.trailing)
         if b.matrix:
             vals[b.name] = m.data.astype(np.float64)
         elif b.role == "input":
@@ -144,12 +155,12 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
             _evaluate_dense(it, vals, extent, dtype)
             continue
         st = it.statement
-        others = [a for a in it.axes if a is not row and a is not col]
+        others = [a for a in it.axes if a is not col and a not in coordinate]
         ndim = 1 + len(others)
 
         def index(axis):  # the coordinate of ``axis`` over the space (entries, *other axes)
-            if axis is row:
-                return r.reshape((-1,) + (1,) * len(others))
+            if axis in coordinate:
+                return coordinate[axis].reshape((-1,) + (1,) * len(others))
             if axis is col:
                 return c.reshape((-1,) + (1,) * len(others))
             shape = [1] * ndim
@@ -172,7 +183,7 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
 
         def access(acc: Access):
             if acc.buffer.sparse:
-                return vals[acc.buffer.name][(entries,) + tuple(index(a) for a in acc.axes[2:])]
+                return vals[acc.buffer.name][(entries,) + tuple(index(a) for a in acc.buffer.trailing)]
             return vals[acc.buffer.name][tuple(position(acc, n, a) for n, a in enumerate(acc.axes))]
 
         with np.errstate(all="ignore"):  # the kernels' IEEE arithmetic: 0/0 is NaN, as on the device
@@ -180,7 +191,7 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
         tgt = st.target
         out = vals[tgt.buffer.name]
         if tgt.buffer.sparse:
-            idx = (entries,) + tuple(index(a) for a in tgt.axes[2:])
+            idx = (entries,) + tuple(index(a) for a in tgt.buffer.trailing)
         else:
             idx = tuple(index(a) for a in tgt.axes)
         idx = tuple(np.broadcast_to(i, value.shape) for i in idx)

@@ -57,6 +57,7 @@ class BoundIteration:
     origin: str = ""  # the DSL iteration's name (a composite binds it once per part)
     dense: bool = False  # a dense loop nest over coordinates (no format axes, ``chain`` empty)
     axes: Tuple[DslAxis, ...] = ()  # a dense iteration's operator axes, one per loop
+    outer_kinds: str = ""  # S/R of the axes above the row axis (r in (r, i, j)), held by the root loop
 
 
 @dataclass
@@ -130,6 +131,15 @@ def prefixed(fmt: Format, prefix: str) -> Format:
     return replace(fmt, axes=tuple(axes), slot_mask=mask)
 
 
+def outer_of(row: DslAxis) -> Tuple[DslAxis, ...]:
+    """The dense axes above the row axis (relations r in (r, i, j)), outermost first."""
+    out, a = [], row.parent
+    while a is not None:
+        out.insert(0, a)
+        a = a.parent
+    return tuple(out)
+
+
 def _bind_dense(it: Iteration, row: DslAxis, col: DslAxis, params) -> BoundIteration:
     """A dense iteration: one loop per axis, extents None for the matrix's rows and columns
     (known at run time), the compile-time extent otherwise."""
@@ -148,11 +158,13 @@ def _bind_iteration(it: Iteration, fmt: Format, row: DslAxis, col: DslAxis, para
         extent = getattr(fa, "extent", None) if role == "block" else None  # None: known at run time
         loops.append(Loop(fa.name, it.kind_of(logical), role, fa, extent))
     taken = {l.name for l in loops}
+    outer = set(outer_of(row))
     for a, k in zip(it.axes, it.kinds):
-        if a is row or a is col:
+        if a is row or a is col or a in outer:  # outer axes are the stacked rows' quotient: the root loop's
             continue
         if a.name in taken:
             raise ValueError(f"operator axis {a.name!r} clashes with an axis of format {fmt.name}; rename it")
         extent = a.extent if isinstance(a.extent, int) else params[a.extent]
         loops.append(Loop(a.name, k, "dense", None, extent))
-    return BoundIteration(it.name, loops, it.statement, tuple(fmt.axes), row, col)
+    return BoundIteration(it.name, loops, it.statement, tuple(fmt.axes), row, col,
+                          outer_kinds="".join(it.kind_of(a) for a in outer_of(row)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import List, Set
 
+from sparsec.schedules import segment_contract
 from sparsec.schedules.atomics import ATOMIC_MINMAX_DTYPES
 
 from ..dsl import IDENTITY
@@ -52,8 +53,20 @@ def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
             raise ValueError(f"{nest.name}: rows repeat in this format, so its {nest.reduce} reduction needs an "
                              f"atomic {nest.reduce}, which sparsec emits for {', '.join(ATOMIC_MINMAX_DTYPES)}, not "
                              f"{prog.dtype.out}; use a format whose rows are unique (not hyb's split rows)")
+        if nest.template == "segment_contract":
+            _emit_contraction(p, nest, prog, shapes)
+            continue
         _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic, dtypes[nest.target.buffer])
     return "\n".join(p.lines) + "\n"
+
+
+def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes) -> None:
+    """A nest whose kernel ``schedules.segment_contract`` writes whole (thread-bound loops)."""
+    reads = [nest.value] + list(nest.target.index) + ([nest.write_guard] if nest.write_guard is not None else [])
+    reads += [b.extent for blk in nest.blocks for b in blk]
+    names = list(dict.fromkeys(l.buffer for e in reads for l in _loads(e)))
+    segment_contract.emit(p, 1, nest, segment_contract.match(nest, prog), prog.dtype.out,
+                          [_full(n, shapes) for n in names], _full(nest.target.buffer, shapes))
 
 
 def _full(name: str, shapes) -> str:

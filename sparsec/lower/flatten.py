@@ -194,9 +194,10 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
     for b in bound.op.buffers:
         if b.sparse:
             shape = (BinOp("//", BinOp("+", n_slots, Const(1)), Const(2)),) if b.name in packed else (n_slots,)
-            shape += tuple(Const(bound.extent(a)) for a in b.axes[2:])
+            shape += tuple(Const(bound.extent(a)) for a in b.trailing)
         else:
-            shape = tuple(Var("rows") if a is row else Var("cols") if a is col else Const(bound.extent(a))
+            rows = Var("lrows") if row.parent is not None else Var("rows")
+            shape = tuple(rows if a is row else Var("cols") if a is col else Const(bound.extent(a))
                           for a in b.axes)
         buffers.append(BufferDecl(b.name, shape, value_dtype[b.name], b.role, b.sparse))
     rank = {"index": 0, "input": 1, "output": 2, "temp": 3}
@@ -204,4 +205,6 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
     scalars = [f"n_{a}" for a in prog.runtime_extents]
     if bound.composite:
         scalars += [f"off_p{k}" for k in range(len(parts))]
+    if row.parent is not None:  # rows per outer coordinate of a stacked structure (r, i, j)
+        scalars.append("lrows")
     return FlatProgram(bound.op.name, nests, buffers, size_vars, scalars + ["rows", "cols"], spec, bound)

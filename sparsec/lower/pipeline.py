@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import pprint
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import tvm
+
+from sparsec.schedules import segment_contract
 
 from ..dsl import Operator
 from ..dtypes import dtype_spec
@@ -73,8 +75,14 @@ def positions_stage(bound: BoundOperator, ctx: LowerContext) -> PositionProgram:
 
 
 def flat_stage(prog: PositionProgram, ctx: LowerContext) -> FlatProgram:
-    """Stage III: flat buffers, offsets and value layouts."""
-    return flatten(prog, dtype_spec(ctx.dtype))
+    """Stage III: flat buffers, offsets and value layouts. For CUDA (``ctx.atomics``), nests a
+    schedule emits whole are marked (``schedules.segment_contract``: a sum whose far factor
+    does not depend on the entry)."""
+    flat = flatten(prog, dtype_spec(ctx.dtype))
+    if ctx.atomics:
+        flat.nests = [replace(n, template="segment_contract") if segment_contract.match(n, flat) else n
+                      for n in flat.nests]
+    return flat
 
 
 def script_stage(flat: FlatProgram, ctx: LowerContext) -> str:

@@ -41,10 +41,30 @@ from typing import Dict, List, Optional, Tuple
 
 from ..dsl import IDENTITY, Access
 from ..expr import BinOp, Call, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform
-from .bind import BoundIteration, BoundOperator, Loop
+from .bind import BoundIteration, BoundOperator, Loop, outer_of
 from .padding import neutral_iterations
 
 ROWS, COLS = Var("rows"), Var("cols")
+# rows per outer coordinate: a structure (r, i, j) is bound to its patterns stacked along the
+# matrix's rows, row r * lrows + i (a kernel scalar, rows // the outer extent)
+LROWS = Var("lrows")
+
+
+def row_extent(row_axis) -> Expr:
+    """The extent of the row axis as a loop over coordinates: rows, or lrows under outer axes."""
+    return LROWS if row_axis.parent is not None else ROWS
+
+
+def stacked_coordinate(axis, row_axis, stacked_row: Expr, params) -> Optional[Expr]:
+    """The coordinate of ``axis`` (the row axis or an axis above it) in a stacked row, or None
+    for any other axis: i = row % lrows, r = row // lrows."""
+    if row_axis.parent is None:
+        return stacked_row if axis is row_axis else None
+    if axis is row_axis:
+        return BinOp("%", stacked_row, LROWS)
+    if axis is row_axis.parent:
+        return BinOp("//", stacked_row, LROWS)
+    return None
 
 
 def pos(axis_name: str) -> Var:
@@ -92,6 +112,7 @@ class LoopNest:
     scatter: bool = False  # a reduction over the row axis: every row adds into outputs indexed by other coordinates
     dense: bool = False  # a dense iteration's nest: loops over coordinates, no sparse structure
     origin: str = ""  # the DSL iteration it comes from (its parts and fill nest share it)
+    template: str = ""  # a schedule that emits this nest's kernel itself (CUDA: "segment_contract")
 
 
 @dataclass
@@ -116,6 +137,10 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
         # a reduction over the row axis (T[j, f] += A[i, j] * X[i, f]): every row adds into
         # the same output elements, like repeated rows
         over_rows = dense_reduce and it.loops[0].kind == "R"
+        # a sum over an outer axis (Y[i, g] += A[r, i, j] ..): the stacked rows (r, i) of every r
+        # add into row i, like a row that repeats
+        over_outer = dense_reduce and "R" in it.outer_kinds
+        unique = unique and not over_outer
         # rows that no part covers (and repeated rows) need the output set to the identity first
         if dense_reduce and (composite or not unique or over_rows) and (it.origin, st.target.buffer.name) not in filled:
             filled.add((it.origin, st.target.buffer.name))
@@ -123,7 +148,7 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
         # a part owns its rows' results (T.init, register accumulators) unless rows are shared
         shared = dense_reduce and ((composite and not disjoint) or not unique or over_rows)
         mask = bound.parts[it.part].slot_mask if it.origin not in neutral else ""
-        nests.append(_lower(bound, it, init=not shared, slot_mask=mask, over_rows=over_rows))
+        nests.append(_lower(bound, it, init=not shared, slot_mask=mask, over_rows=over_rows, repeats=not unique))
     extents = [a.name for p in bound.parts for a in p.axes if a.name in p.runtime_extent_axes()]
     return PositionProgram(bound, nests, extents)
 
@@ -155,7 +180,7 @@ def slot_mask_guard(mask: str, chain) -> Expr:
 
 
 def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str = "",
-           over_rows: bool = False) -> LoopNest:
+           over_rows: bool = False, repeats: bool = False) -> LoopNest:
     chain = it.chain
     chain_loops = [l for l in it.loops if l.fmt_axis is not None]
     # logical coordinate of each dimension; it can run past the matrix edge when an axis
@@ -171,13 +196,13 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
     def rewrite_access(acc: Access) -> Load:
         buf = acc.buffer
         if buf.sparse:  # the entry's slot, then any trailing dense axes (stored slot-major)
-            return Load(buf.name, (pos(chain[-1].name),) + tuple(iv(by_axis[a.name]) for a in acc.axes[2:]))
+            return Load(buf.name, (pos(chain[-1].name),) + tuple(iv(by_axis[a.name]) for a in buf.trailing))
         idx = []
         for a in acc.axes:
             if isinstance(a, Access):  # an indirect index: the value of an integer input
                 idx.append(rewrite_access(a))
-            elif a is it.row_axis:
-                idx.append(coord[0])
+            elif stacked_coordinate(a, it.row_axis, coord[0], bound.params) is not None:
+                idx.append(stacked_coordinate(a, it.row_axis, coord[0], bound.params))
             elif a is it.col_axis:
                 idx.append(coord[1])
             else:
@@ -200,8 +225,9 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
         guards.append((slot_mask_guard(slot_mask, chain), {l.name for l in chain_loops}))
     out_loops = set()
     if not st.target.buffer.sparse:
+        outer = outer_of(it.row_axis)
         for a in st.target.axes:
-            if a is it.row_axis:
+            if a is it.row_axis or a in outer:
                 out_loops |= {l.name for l in chain_loops if l.fmt_axis.dim == 0}
             elif a is it.col_axis:
                 out_loops |= {l.name for l in chain_loops if l.fmt_axis.dim == 1}
@@ -218,7 +244,7 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
         loops = [replace(loops[0], kind="S")] + list(loops[1:])
     blocks = _blocks(loops, chain)
     roles = {l.name: l.role for l in it.loops}
-    atomic = (not init) and (not chain[0].unique or over_rows)
+    atomic = (not init) and (not chain[0].unique or over_rows or repeats)
     return LoopNest(it.name, blocks, target, value, st.reduce, _all(write_guards) if write_guards else None,
                     roles, init=init, atomic=atomic, part=it.part if bound.composite else None,
                     root_extent=extent_var(chain[0].name), scatter=over_rows, origin=it.origin)
@@ -238,7 +264,7 @@ def _blocks(loops, chain) -> List[List[LoopIR]]:
 
 def _lower_dense(it: BoundIteration) -> LoopNest:
     """A dense iteration: loops over its axes' coordinates, accesses at the loop iterators."""
-    extents = {it.row_axis.name: ROWS, it.col_axis.name: COLS}
+    extents = {it.row_axis.name: row_extent(it.row_axis), it.col_axis.name: COLS}
     loops = [LoopIR(l, Const(l.extent) if l.extent is not None else extents[l.name]) for l in it.loops]
     by_axis = {a: iv(l.loop) for a, l in zip(it.axes, loops)}
     st = it.statement
@@ -261,7 +287,7 @@ def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
     loops, idx = [], []
     for a in st.target.axes:
         if a is it.row_axis:
-            loops.append(LoopIR(Loop("fill_row", "S", "root", None, None), ROWS))
+            loops.append(LoopIR(Loop("fill_row", "S", "root", None, None), row_extent(it.row_axis)))
         elif a is it.col_axis:
             loops.append(LoopIR(Loop("fill_col", "S", "dense", None, None), COLS))
         else:
@@ -278,7 +304,7 @@ def _fill(bound: BoundOperator, it: BoundIteration) -> LoopNest:
     blocks = [loops[:1]] + ([loops[1:]] if len(loops) > 1 else [])
     name = f"{it.origin}_fill_{st.target.buffer.name}"
     return LoopNest(name, blocks, Load(st.target.buffer.name, tuple(idx)), IDENTITY[st.reduce], None, None,
-                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=ROWS, fill=True,
+                    {l.loop.name: l.loop.role for l in loops}, init=True, root_extent=loops[0].extent, fill=True,
                     origin=it.origin)
 
 

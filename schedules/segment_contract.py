@@ -1,0 +1,280 @@
+"""Segment contraction: a sum over a row's entries and a dense axis whose far factor does not
+depend on the entry, computed as a segment sum and then one small GEMM per tile (CUDA).
+
+Capability (nothing here looks at an operator's name): a sparse nest that sums into a dense
+output over its entries ``j`` and a dense axis ``f`` (compile-time extent), spatial over one
+dense axis ``g`` (compile-time extent), whose value is a product of factors that split in two:
+
+    P(p, j, f)   every factor that reads the entry or does not read g (A[..] * X[col, f]),
+    Q(p, f, g)   one load of a dense buffer indexed by f, g and the root position only
+                 (W[r, f, g] with r = row // lrows of a stacked structure (r, i, j)).
+
+Distributivity gives sum_{j, f} P Q = sum_f (sum_j P) Q: per root position ("segment")
+Z[f] = sum_j P, then Y[.., g] += sum_f Z[f] Q[f, g]. Work drops from entries x F x G to
+segments x F x G + entries x F, and Q is read once per run of segments that share its slice
+instead of once per entry -- RGCN's ``A[r, i, j] * X[j, f] * W[r, f, g]``: SparseTIR's
+"aggregate, then transform", in one launch.
+
+The kernel (one thread block per 256 root positions): the non-empty segments are compacted
+(a scan in shared memory), then, 32 or 64 at a time, each segment's Z row is summed by the
+threads over f, and every run of consecutive segments with the same Q slice loads the slice
+into shared memory once and multiplies its Z rows by it, a register tile of 4 segments x
+G/32 columns per thread. Outputs that several root positions reach are added atomically
+(the program's fill nest set them to the identity); others are stored, empty rows included.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
+
+THREADS = 256  # threads per block, and root positions per block (one flag each in the scan)
+PER_THREAD = 4  # segments of a thread's register tile
+SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, less the scan's)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """What the kernel is made of, all as flat-program expressions over v_<loop> iterators."""
+
+    root: str  # loop names
+    entry: str
+    spatial: str
+    reduced: str
+    root_extent: Expr
+    entry_extent: Expr
+    G: int
+    F: int
+    near: Expr  # P(p, j, f)
+    far: Load  # Q(p, f, g)
+    key: Tuple[Expr, ...]  # Q's index expressions that depend on the root position only
+    target: Load
+    write_guard: Optional[Expr]
+    atomic: bool
+
+
+def _uses(e: Expr) -> set:
+    """The loop iterators (``v_<loop>``) ``e`` reads; scalars (lrows, n_<axis>) do not count."""
+    return {n.name for n in walk(e) if isinstance(n, Var) and n.name.startswith("v_")}
+
+
+def _factors(e: Expr) -> List[Expr]:
+    if isinstance(e, BinOp) and e.op == "*":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _product(fs: List[Expr]) -> Expr:
+    out = fs[0]
+    for f in fs[1:]:
+        out = BinOp("*", out, f)
+    return out
+
+
+def match(nest, program) -> Optional[Contraction]:
+    """The contraction of ``nest`` (a flat-program LoopNest), or None where it does not fit."""
+    if nest.dense or nest.fill or nest.scatter or nest.reduce != "sum" or not nest.blocks or len(nest.blocks[0]) != 1:
+        return None
+    sparse_bufs = {b.name for b in program.buffers if b.sparse}
+    if nest.target.buffer in sparse_bufs:
+        return None
+    loops = [b for blk in nest.blocks for b in blk]
+    root = loops[0]
+    if root.loop.role != "root" or root.loop.kind != "S":
+        return None
+    entries = [b for b in loops[1:] if b.loop.role == "sparse"]
+    dense = [b for b in loops[1:] if b.loop.role == "dense"]
+    if len(entries) != 1 or entries[0].loop.kind != "R" or len(dense) != 2 or len(loops) != 4:
+        return None
+    spatial = [b for b in dense if b.loop.kind == "S"]
+    reduced = [b for b in dense if b.loop.kind == "R"]
+    if len(spatial) != 1 or len(reduced) != 1:
+        return None
+    if not all(isinstance(b.extent, Const) for b in dense):
+        return None
+    vp, vj, vg, vf = (f"v_{b.loop.name}" for b in (root, entries[0], spatial[0], reduced[0]))
+    value, guard = nest.value, None
+    if isinstance(value, Select) and isinstance(value.other, Const) and value.other.value == 0.0:
+        guard, value = value.cond, value.then  # padding: the entry contributes nothing
+        if vg in _uses(guard) or vf in _uses(guard):
+            return None
+    near, far = [], []
+    for fac in _factors(value):
+        used = _uses(fac)
+        (far if vg in used and vj not in used else near).append(fac)
+    if len(far) != 1 or not isinstance(far[0], Load) or any(vg in _uses(f) for f in near):
+        return None
+    q = far[0]
+    plain = [i for i in q.index if isinstance(i, Var) and i.name in (vf, vg)]
+    key = tuple(i for i in q.index if not (isinstance(i, Var) and i.name in (vf, vg)))
+    if len(plain) != 2 or any(_uses(k) - {vp} for k in key) or any(isinstance(n, Load) and n.buffer == q.buffer
+                                                                     for k in key for n in walk(k)):
+        return None
+    if _uses(nest.target) - {vp, vg} or (nest.write_guard is not None and _uses(nest.write_guard) - {vp, vg}):
+        return None
+    G, F = int(spatial[0].extent.value), int(reduced[0].extent.value)
+    itemsize = 8 if program.dtype.out.endswith("64") else 4  # accumulation in the output dtype
+    if (F * G + THREADS // min(32, G) * PER_THREAD * F) * itemsize > SHARED_BYTES:  # Ws + Zs
+        return None
+    p = _product(near)
+    if guard is not None:
+        p = Select(guard, p, Const(0.0))
+    return Contraction(root.loop.name, entries[0].loop.name, spatial[0].loop.name, reduced[0].loop.name,
+                       root.extent, entries[0].extent, G, F,
+                       p, q, key, nest.target, nest.write_guard, bool(nest.atomic or not nest.init))
+
+
+_LOCALS = ("sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
+           "t", "t0", "a", "b", "back", "sgt", "sgq")
+_LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
+PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
+
+
+def _local(name: str) -> str:
+    return PREFIX + name
+
+
+def _fill(template: str, exprs: Dict[str, str]) -> str:
+    """``template`` with its local names prefixed, then the rendered expressions put in
+    (``{name}`` slots; rendered after, so a buffer called ``f`` is not renamed)."""
+    text = _LOCAL_RE.sub(lambda m: PREFIX + m.group(1), template.replace("T.", "\0"))
+    return text.replace("\0", "T.").format(**exprs)
+
+
+def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str) -> None:
+    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
+    GT = min(32, c.G)  # lanes over g
+    TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
+    BG = -(-c.G // GT)  # g columns per thread
+    P = PREFIX
+    root, entry, spatial, reduced = (f"v_{x}" for x in (c.root, c.entry, c.spatial, c.reduced))
+    n_root = render(c.root_extent, "int32")
+    x = {
+        "name": nest.name, "reads": ", ".join(reads), "writes": writes, "dtype": dtype, "n_root": n_root,
+        "count_p0": render(c.entry_extent, "int32", {root: P + "p0"}),
+        "count_p": render(c.entry_extent, "int32", {root: P + "p"}),
+        "near": render(c.near, dtype, {root: P + "p", entry: P + "q", reduced: P + "f"}),
+        "far": render(c.far, dtype, {root: f"{P}sg[{P}ch * {TS} + {P}t0]", reduced: P + "f", spatial: P + "g"}),
+        "key_change": " or ".join(
+            f"({render(k, 'int32', {root: P + 'sgt'})}) != ({render(k, 'int32', {root: P + 'sgq'})})"
+            for k in c.key) or "False",
+        "store": (f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of('
+                  f'{render(c.target, dtype, {root: P + "p", spatial: P + "g"})}), {P}acc[{P}a, {P}b]))' if c.atomic else
+                  f"{render(c.target, dtype, {root: P + 'p', spatial: P + 'g'})} = {P}acc[{P}a, {P}b]"),
+        "identity": f"{render(c.target, dtype, {root: P + 'p0', spatial: P + 'g'})} = T.{dtype}(0)",
+        "guard_p": ("True" if c.write_guard is None else
+                    render(c.write_guard, "int32", {root: P + "p", spatial: P + "g"})),
+        "guard_p0": ("True" if c.write_guard is None else
+                     render(c.write_guard, "int32", {root: P + "p0", spatial: P + "g"})),
+    }
+    scan = ""
+    s = 1
+    while s < THREADS:
+        scan += f"""
+            T.tvm_storage_sync("shared")
+            tmp[0] = sc[tid] + T.if_then_else(tid >= {s}, sc[T.max(tid - {s}, 0)], 0)
+            T.tvm_storage_sync("shared")
+            sc[tid] = tmp[0]"""
+        s *= 2
+    owned = "" if c.atomic else """
+            if p0 < {n_root}:
+                if {count_p0} == 0:
+                    for g in range(%d):
+                        if {guard_p0}:
+                            {identity}""" % c.G
+    text = f"""
+for bx in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS}, thread="blockIdx.x"):
+    for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
+        with T.sblock("{{name}}"):
+            T.reads({{reads}})
+            T.writes({{writes}})
+            sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
+            sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
+            rs = T.alloc_buffer(({TS},), "int32", scope="shared")
+            Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
+            Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared")
+            acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
+            tmp = T.alloc_buffer((1,), "int32", scope="local")
+            z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
+            ns = T.alloc_buffer((1,), "int32", scope="local")
+            rv = T.alloc_buffer((1,), "int32", scope="local")
+            rw = T.alloc_buffer((1,), "int32", scope="local")
+            p0: T.int32 = bx * {THREADS} + tid
+            sc[tid] = 0
+            if p0 < {{n_root}}:
+                if {{count_p0}} > 0:
+                    sc[tid] = 1{owned}{scan}
+            T.tvm_storage_sync("shared")
+            if p0 < {{n_root}}:
+                if {{count_p0}} > 0:
+                    sg[sc[tid] - 1] = p0
+            ns[0] = sc[{THREADS - 1}]
+            T.tvm_storage_sync("shared")
+            for ch in range({THREADS // TS}):
+                if ch * {TS} < ns[0]:
+                    for k in range({-(-TS * c.F // THREADS)}):
+                        e: T.int32 = tid + k * {THREADS}
+                        if e < {TS * c.F}:
+                            if ch * {TS} + e // {c.F} < ns[0]:
+                                p: T.int32 = sg[ch * {TS} + e // {c.F}]
+                                f: T.int32 = e % {c.F}
+                                z[0] = T.{{dtype}}(0)
+                                for q in range({{count_p}}):
+                                    z[0] = z[0] + {{near}}
+                                Zs[e // {c.F}, f] = z[0]
+                            else:
+                                Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
+                    if tid < {TS}:
+                        t: T.int32 = tid
+                        rs[t] = -2
+                        if ch * {TS} + t < ns[0]:
+                            rs[t] = T.if_then_else(t == 0, 0, -1)
+                            if t > 0:
+                                sgt: T.int32 = sg[ch * {TS} + t]
+                                sgq: T.int32 = sg[ch * {TS} + t - 1]
+                                if {{key_change}}:
+                                    rs[t] = t
+                    T.tvm_storage_sync("shared")
+                    if tid < {TS}:
+                        tmp[0] = rs[tid]
+                        for back in range({TS}):
+                            if tmp[0] == -1:
+                                rv[0] = rs[T.max(tid - back - 1, 0)]
+                                if rv[0] != -1:
+                                    tmp[0] = rv[0]
+                    T.tvm_storage_sync("shared")
+                    if tid < {TS}:
+                        rs[tid] = tmp[0]
+                    T.tvm_storage_sync("shared")
+                    for t0 in range({TS}):
+                        rv[0] = rs[t0]
+                        if rv[0] == t0:
+                            for k in range({-(-c.F * c.G // THREADS)}):
+                                e: T.int32 = tid + k * {THREADS}
+                                if e < {c.F * c.G}:
+                                    f: T.int32 = e // {c.G}
+                                    g: T.int32 = e % {c.G}
+                                    Ws[f, g] = {{far}}
+                            T.tvm_storage_sync("shared")
+                            for a, b in T.grid({PER_THREAD}, {BG}):
+                                acc[a, b] = T.{{dtype}}(0)
+                            for f in range({c.F}):
+                                for a, b in T.grid({PER_THREAD}, {BG}):
+                                    acc[a, b] = acc[a, b] + Zs[tid // {GT} * {PER_THREAD} + a, f] * Ws[f, T.min(tid % {GT} + b * {GT}, {c.G - 1})]
+                            for a, b in T.grid({PER_THREAD}, {BG}):
+                                t: T.int32 = tid // {GT} * {PER_THREAD} + a
+                                g: T.int32 = tid % {GT} + b * {GT}
+                                if g < {c.G}:
+                                    if t < ns[0] - ch * {TS}:
+                                        rw[0] = rs[t]
+                                        if rw[0] == t0:
+                                            p: T.int32 = sg[ch * {TS} + t]
+                                            if {{guard_p}}:
+                                                {{store}}
+                            T.tvm_storage_sync("shared")
+                    T.tvm_storage_sync("shared")
+"""
+    for line in _fill(text, x).strip("\n").split("\n"):
+        printer(depth, line)
