@@ -24,6 +24,7 @@ pattern is the neighbourhood); :func:`multihead_sddmm` scales by them.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -35,6 +36,13 @@ from . import ops
 from .torch_launch import MatrixArgs, run, transpose_values
 
 __all__ = ["gat_adjacency", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
+
+
+@functools.lru_cache(maxsize=64)
+def _op(name: str, *args):
+    """The library operator ``ops.<name>(*args)``, built once (building a DSL operator costs
+    ~0.1 ms of host time, too much for every call of a training step)."""
+    return getattr(ops, name)(*args)
 
 
 # ---- the graph ----------------------------------------------------------------------------------
@@ -111,12 +119,12 @@ def _needs_transpose(A, why: str):
 # ---- multi-head SpMM ----------------------------------------------------------------------------
 def _mh_spmm(A: MatrixArgs, P, B):
     H, F = int(B.shape[1]), int(B.shape[2])
-    return run(ops.multihead_spmm(), A, {"P": P.contiguous(), "B": B.contiguous()}, heads=H, feat=F)[0]
+    return run(_op("multihead_spmm"), A, {"P": P.contiguous(), "B": B.contiguous()}, heads=H, feat=F)[0]
 
 
 def _mh_sddmm(A: MatrixArgs, X, Y):
     H, F = int(X.shape[1]), int(X.shape[2])
-    return run(ops.multihead_sddmm(), A, {"X": X.contiguous(), "Y": Y.contiguous()}, heads=H, feat=F)[0]
+    return run(_op("multihead_sddmm"), A, {"X": X.contiguous(), "Y": Y.contiguous()}, heads=H, feat=F)[0]
 
 
 class _MultiheadSpMM(torch.autograd.Function):
@@ -188,7 +196,7 @@ def multihead_sddmm(A, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 
 # ---- edge softmax and GAT's aggregation ------------------------------------------------------------
 def _alpha(A, el, er, slope: float):
-    return run(ops.edge_softmax(slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous()},
+    return run(_op("edge_softmax", slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous()},
                heads=int(el.shape[1]))[0]
 
 
@@ -243,7 +251,7 @@ class _GATAggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Z, el, er, A, slope):
         H, F = int(Z.shape[1]), int(Z.shape[2])
-        O = run(ops.gat(slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
+        O = run(_op("gat", slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
                                                    "Z": Z.contiguous()}, heads=H, feat=F)[0]
         ctx.A, ctx.slope = A, slope
         ctx.save_for_backward(Z, el, er, O)
@@ -279,7 +287,7 @@ def gat_aggregate(A, Z: torch.Tensor, el: torch.Tensor, er: torch.Tensor,
     if (Z.requires_grad or el.requires_grad or er.requires_grad) and torch.is_grad_enabled():
         _needs_transpose(A, "the backward pass of gat_aggregate")
         return _GATAggregate.apply(Z, el, er, A, slope)
-    return run(ops.gat(slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
+    return run(_op("gat", slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
                                                   "Z": Z.contiguous()}, heads=H, feat=int(Z.shape[2]))[0]
 
 
