@@ -338,11 +338,12 @@ def segment_contract_kernel(sch: s_tir.Schedule, nest):
 
 def _fused_by(nest, step) -> bool:
     """True when ``lane_groups``, scheduling ``step``'s nest, moves ``nest`` into its kernel
-    (``cuda_sddmm.fuse_scale_epilogue``): an element-wise nest with no feature loop that
-    rewrites the reduction's output in place (SDDMM's scale)."""
+    (``cuda_sddmm.fuse_scale_epilogue``): an element-wise nest with no reduction that rewrites
+    the reduction's output in place (SDDMM's scale; per head, the multi-head SDDMM's)."""
     dot, t = step
-    return (t is lane_groups and _feature(nest) is None and nest.reduce is None and not nest.fill
-            and nest.part == dot.part and nest.target.buffer == dot.target.buffer)
+    feat = _feature(nest)
+    return (t is lane_groups and (feat is None or feat.loop.kind == "S") and nest.reduce is None
+            and not nest.fill and nest.part == dot.part and nest.target.buffer == dot.target.buffer)
 
 
 def plan(program) -> List[Tuple[object, Optional[Transformation]]]:
@@ -353,7 +354,7 @@ def plan(program) -> List[Tuple[object, Optional[Transformation]]]:
     taken = set()
     for nest in program.nests:
         t = template_for(nest)
-        if t is rows_over_threads:
+        if t is rows_over_threads or t is features_over_threads:
             owner = next((i for i, s in enumerate(steps) if i not in taken and _fused_by(nest, s)), None)
             if owner is not None:
                 taken.add(owner)
@@ -371,7 +372,7 @@ def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
     for nest, t in steps:
         if t is None:
             if not is_fused(sch, nest):  # the fusion was left undone: a kernel of its own
-                rows_over_threads(sch, nest)
+                template_for(nest)(sch, nest)
             continue
         used.update(t(sch, nest, **{k: v for k, v in knobs.items() if k in t.knobs}))
     return used

@@ -1,6 +1,7 @@
 """Library operators, written once in the DSL and bound to a format at compile time."""
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict
 
 from .dsl import Operator, exp, maximum
@@ -129,7 +130,147 @@ def batched_spmm() -> Operator:
     return op
 
 
-LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention, "rgcn": rgcn,
+def multihead_spmm() -> Operator:
+    """Multi-head SpMM: ``C[i, h, f] = sum_j P[i, j, h] * B[j, h, f]`` over A's stored entries.
+
+    A (the matrix) gives the pattern only; its values are not read. P holds one weight per
+    stored entry per head (edge data with a trailing head axis, ``(nnz, heads)`` in canonical
+    CSR order, or ``A.edge_values(P)``), B is ``(cols, heads, feat)`` and C ``(rows, heads,
+    feat)``, all row-major: the heads are an axis of their own, never folded into the rows, so
+    an entry reads one contiguous ``heads x feat`` row of B. Compile-time extents ``heads``
+    and ``feat``. A row without entries gives 0."""
+    op = Operator("multihead_spmm", "C[i, h, f] = sum_j P[i, j, h] * B[j, h, f] over A's non-zeros")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    H = op.dense_fixed("h", extent="heads")
+    F = op.dense_fixed("f", extent="feat")
+    op.sparse_input("A", (I, J))
+    P = op.sparse_input("P", (I, J, H))
+    B = op.dense_input("B", (J, H, F))
+    C = op.dense_output("C", (I, H, F))
+    with op.iterate([I, J, H, F], "SRSS") as (i, j, h, f):
+        C[i, h, f] += P[i, j, h] * B[j, h, f]
+    return op
+
+
+def multihead_sddmm() -> Operator:
+    """Multi-head SDDMM: ``C[i, j, h] = A[i, j] * sum_k X[i, h, k] * Y[j, h, k]`` over A's
+    stored entries.
+
+    X is ``(rows, heads, feat)``, Y ``(cols, heads, feat)``, row-major; C is a sparse output with
+    a trailing head axis, one value per stored slot per head (``(stored, heads)``, 0 at a
+    format's padding; ``A.coordinate_values(C)`` gives it per entry in canonical CSR order).
+    The dot product first, then the scale (as ``sddmm``: an infinite A gives +-inf)."""
+    op = Operator("multihead_sddmm", "C[i, j, h] = A[i, j] * sum_k X[i, h, k] * Y[j, h, k] over A's non-zeros")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    H = op.dense_fixed("h", extent="heads")
+    K = op.dense_fixed("k", extent="feat")
+    A = op.sparse_input("A", (I, J))
+    X = op.dense_input("X", (I, H, K))
+    Y = op.dense_input("Y", (J, H, K))
+    C = op.sparse_output("C", (I, J, H))
+    with op.iterate([I, J, H, K], "SSSR") as (i, j, h, k):
+        C[i, j, h] += X[i, h, k] * Y[j, h, k]
+    with op.iterate([I, J, H], "SSS") as (i, j, h):
+        C[i, j, h] = A[i, j] * C[i, j, h]
+    return op
+
+
+GAT_SLOPE = 0.2  # PyG's and DGL's default negative slope of the LeakyReLU
+
+
+def _leaky(x, slope: float):
+    """LeakyReLU as ``max(x, slope * x)`` (exact for 0 <= slope <= 1)."""
+    return maximum(x, x * slope)
+
+
+def _check_slope(slope) -> float:
+    slope = float(slope)
+    if not 0.0 <= slope <= 1.0:
+        raise ValueError(f"negative_slope should be in [0, 1] (LeakyReLU as max(x, slope * x)), got {slope}")
+    return slope
+
+
+def _slope_name(base: str, slope: float) -> str:
+    """The operator's name: ``base`` at the default slope, else with the slope in it (compiled
+    kernels are cached by name, so two slopes must not share one)."""
+    return base if slope == GAT_SLOPE else f"{base}_slope_" + re.sub(r"\W", "_", repr(slope))
+
+
+def _gat_logits(op: Operator):
+    """The axes and inputs GAT's operators share: (I, J, H, el, er)."""
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    H = op.dense_fixed("h", extent="heads")
+    op.sparse_input("A", (I, J))
+    el = op.dense_input("el", (I, H))
+    er = op.dense_input("er", (J, H))
+    return I, J, H, el, er
+
+
+def gat(negative_slope: float = GAT_SLOPE) -> Operator:
+    """GAT's attention and aggregation (edge softmax with its SDDMM-like logits and its SpMM)
+    as one operator, over A's stored entries (A's pattern is the neighbourhood; its values are
+    not read)::
+
+        e[i, j, h]     = leaky_relu(el[i, h] + er[j, h], negative_slope)
+        alpha[i, j, h] = exp(e[i, j, h] - max_j e[i, j, h]) / sum_j exp(e[i, j, h] - max_j e[i, j, h])
+        O[i, h, f]     = sum_j alpha[i, j, h] * Z[j, h, f]
+
+    Z is the transformed node features ``(cols, heads, feat)`` (``x @ W`` viewed per head), el
+    ``(rows, heads)`` and er ``(cols, heads)`` the two halves of the attention logits (``Z .
+    att_dst`` and ``Z . att_src`` in PyG's names, for target i and source j), O ``(rows, heads,
+    feat)``; compile-time extents ``heads`` and ``feat``. The slope is a compile-time constant
+    (LeakyReLU as ``max(x, slope * x)``, so 0 <= slope <= 1). The softmax subtracts the row max
+    per head; a row without entries gives O = 0. Logits are recomputed from el and er where
+    they are needed (two loads per entry and head), never stored."""
+    slope = _check_slope(negative_slope)
+    op = Operator(_slope_name("gat", slope),
+                  f"O[i, h, f] = sum_j softmax_j(leaky_relu(el[i, h] + er[j, h], {slope:g})) * Z[j, h, f] "
+                  "over A's non-zeros")
+    I, J, H, el, er = _gat_logits(op)
+    F = op.dense_fixed("f", extent="feat")
+    Z = op.dense_input("Z", (J, H, F))
+    O = op.dense_output("O", (I, H, F))
+    mx = op.dense_temp("mx", (I, H))
+    s = op.dense_temp("s", (I, H))
+    with op.iterate([I, J, H], "SRS") as (i, j, h):
+        mx[i, h] = maximum(mx[i, h], _leaky(el[i, h] + er[j, h], slope))
+    with op.iterate([I, J, H], "SRS") as (i, j, h):
+        s[i, h] += exp(_leaky(el[i, h] + er[j, h], slope) - mx[i, h])
+    with op.iterate([I, J, H, F], "SRSS") as (i, j, h, f):
+        O[i, h, f] += exp(_leaky(el[i, h] + er[j, h], slope) - mx[i, h]) / s[i, h] * Z[j, h, f]
+    return op
+
+
+def edge_softmax(negative_slope: float = GAT_SLOPE) -> Operator:
+    """GAT's attention weights per stored entry and head, as a sparse output::
+
+        alpha[i, j, h] = softmax_j(leaky_relu(el[i, h] + er[j, h], negative_slope))
+
+    (the row max per head subtracted; definitions and layouts as :func:`gat`). alpha is
+    ``(stored, heads)``, 0 at a format's padding. Why an operator of its own: the backward
+    pass of :func:`gat` needs alpha, which the forward operator never stores."""
+    slope = _check_slope(negative_slope)
+    op = Operator(_slope_name("edge_softmax", slope),
+                  f"alpha[i, j, h] = softmax_j(leaky_relu(el[i, h] + er[j, h], {slope:g})) over A's non-zeros")
+    I, J, H, el, er = _gat_logits(op)
+    alpha = op.sparse_output("alpha", (I, J, H))
+    mx = op.dense_temp("mx", (I, H))
+    s = op.dense_temp("s", (I, H))
+    with op.iterate([I, J, H], "SRS") as (i, j, h):
+        mx[i, h] = maximum(mx[i, h], _leaky(el[i, h] + er[j, h], slope))
+    with op.iterate([I, J, H], "SRS") as (i, j, h):
+        s[i, h] += exp(_leaky(el[i, h] + er[j, h], slope) - mx[i, h])
+    with op.iterate([I, J, H], "SSS") as (i, j, h):
+        alpha[i, j, h] = exp(_leaky(el[i, h] + er[j, h], slope) - mx[i, h]) / s[i, h]
+    return op
+
+
+LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention,
+                                              "multihead_spmm": multihead_spmm, "multihead_sddmm": multihead_sddmm,
+                                              "gat": gat, "edge_softmax": edge_softmax, "rgcn": rgcn,
                                               "batched_spmm": batched_spmm}
 
 

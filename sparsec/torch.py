@@ -17,9 +17,7 @@ cached; tensors go to them through DLPack, on the current CUDA stream, without c
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -29,26 +27,21 @@ import torch
 from .dtypes import dtype_spec
 from .formats import CompositeInstance, FormatInstance, convert
 from .formats.validate import check_before_launch, is_trusted
+from . import torch_launch
 from .kernel import index_arrays, on_torch_stream, scalar_values
 
-__all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for"]
+__all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for",
+           "gat_graph", "gat_adjacency", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
+# graph attention and multi-head products live in sparsec.torch_gnn (imported on first use)
+_GNN = ("gat_adjacency", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv")
 
 
 # ---- kernels ------------------------------------------------------------------------------
-# Matrices of live SparseTensors, by key: a kernel is compiled for the converted matrix
-# itself, so that its format's automatic knobs and any tuning record for it apply
-# (sparsec.compile knobs="tuned"). The ops carry the key, a string, through torch.compile
-# like any constant. Weak: a matrix goes when its SparseTensor does.
-_MATRICES: "weakref.WeakValueDictionary[str, FormatInstance]" = weakref.WeakValueDictionary()
-_LAYOUTS: Dict[str, Tuple[Tuple[str, ...], int, str]] = {}  # key -> index array names, value count, dtype
-_KEYS = itertools.count()
-
-
-def _register(inst) -> str:
-    key = f"{inst.format.spec}#{next(_KEYS)}"
-    _MATRICES[key] = inst
-    _LAYOUTS[key] = (tuple(index_arrays(inst)), int(inst.data.size), inst.value_dtype)
-    return key
+# Matrices of live SparseTensors, by key (``sparsec.torch_launch`` keeps the registry, which
+# its generic launcher shares): a kernel is compiled for the converted matrix itself, so that
+# its format's automatic knobs and any tuning record for it apply.
+_MATRICES, _LAYOUTS = torch_launch.MATRICES, torch_launch.LAYOUTS
+_register = torch_launch.register
 
 
 @functools.lru_cache(maxsize=256)
@@ -388,3 +381,23 @@ class GCNConv(torch.nn.Module):
     def forward(self, a_hat: SparseTensor, x: torch.Tensor) -> torch.Tensor:
         h = spmm(a_hat, x @ self.weight)
         return h + self.bias if self.bias is not None else h
+
+
+def gat_graph(edges, num_nodes: Optional[int] = None, *, add_self_loops: bool = True, fmt: str = "csr",
+              device="cpu") -> SparseTensor:
+    """The graph GAT layers aggregate over (``sparsec.torch_gnn``): the adjacency of
+    :func:`sparsec.torch_gnn.gat_adjacency` (row i lists the sources j of the edges j -> i of
+    PyG's ``edge_index``, self-loops as PyG's GATConv adds them) as a SparseTensor in ``fmt``
+    with its transpose (the backward pass runs on it)."""
+    from .torch_gnn import gat_adjacency
+
+    return SparseTensor(gat_adjacency(edges, num_nodes, add_self_loops=add_self_loops), fmt, device=device,
+                        grad=True)
+
+
+def __getattr__(name: str):
+    if name in _GNN:
+        from . import torch_gnn
+
+        return getattr(torch_gnn, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,194 @@
+"""Launch any compiled sparsec operator on torch tensors: the one helper ``sparsec.torch``'s
+library modules (GAT, multi-head SpMM / SDDMM, and later ones) call.
+
+    from sparsec.torch_launch import MatrixArgs, run
+    A = sparsec.torch.SparseTensor(adj)                      # index arrays moved to the device once
+    O, = run(ops.gat(), MatrixArgs.of(A), {"el": el, "er": er, "Z": Z}, heads=4, feat=16)
+
+A kernel is compiled once per (operator name, matrix, dtype, compile-time extents, device:
+``llvm`` on the CPU, ``cuda`` on a GPU), with tuned knobs where a record exists, and the
+order of its arguments worked out once; a call checks each tensor's shape, dtype and device
+against the kernel's parameters (a ValueError/TypeError naming it), allocates the outputs
+and temporaries with ``torch.empty`` (kernels write every element of an output, padding
+slots of a sparse one included, and initialise their temporaries), and launches on the
+current CUDA stream through DLPack, without copies.
+
+Layouts: dense buffers are row-major torch tensors of the declared shape (``rows``/``cols``
+of the matrix); edge data (sparse inputs after the matrix) and sparse outputs are in the
+matrix's stored-slot layout, ``(stored, *trailing)`` (``MatrixArgs.stored``; for CSR the
+canonical CSR order). Operators are identified by name: two different definitions must not
+share one (``sparsec.ops`` puts non-default constants such as GAT's slope in the name).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence, Tuple, Union
+
+import torch
+
+from .dsl import Operator
+from .kernel import index_arrays, on_torch_stream
+
+__all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values"]
+
+# Matrices of live SparseTensors (``sparsec.torch``), by key: a kernel is compiled for the
+# converted matrix itself, so that its format's automatic knobs and any tuning record for it
+# apply (sparsec.compile knobs="tuned"). sparsec.torch's custom ops carry the key, a string,
+# through torch.compile like any constant. Weak: a matrix goes when its SparseTensor does.
+MATRICES: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+LAYOUTS: Dict[str, Tuple[Tuple[str, ...], int, str]] = {}  # key -> index array names, value count, dtype
+_KEYS = itertools.count()
+
+
+def register(inst) -> str:
+    """Register a converted matrix; its key names it to the kernel caches."""
+    key = f"{inst.format.spec}#{next(_KEYS)}"
+    MATRICES[key] = inst
+    LAYOUTS[key] = (tuple(index_arrays(inst)), int(inst.data.size), inst.value_dtype)
+    return key
+
+_OPERATORS: Dict[str, Operator] = {}  # name -> the definition first launched under it
+
+
+@dataclass(frozen=True)
+class MatrixArgs:
+    """What a kernel takes of a matrix: its registry key (``sparsec.torch``), index arrays on
+    the device, values (the matrix's own, or any tensor of one value per stored slot), and
+    its run-time sizes (``rows``, ``cols``, extents)."""
+
+    key: str
+    index: Tuple[torch.Tensor, ...]
+    values: torch.Tensor
+    sizes: Mapping[str, int]
+
+    @property
+    def stored(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @classmethod
+    def of(cls, A, values: torch.Tensor = None) -> "MatrixArgs":
+        """The matrix of a ``sparsec.torch.SparseTensor`` (with other ``values`` if given)."""
+        return cls(A.key, tuple(A.index), A.values if values is None else values,
+                   dict(zip(A.size_names.split(","), A.sizes)))
+
+    @classmethod
+    def transpose_of(cls, A, values: torch.Tensor) -> "MatrixArgs":
+        """A's transpose (converted with A, ``SparseTensor.transpose``), with ``values`` in its
+        slot layout (e.g. A's values carried there by :func:`transpose_values`)."""
+        if A.transpose is None:
+            raise ValueError(f"this {A.format} SparseTensor has no transpose (build it with grad=True, in a format "
+                             "that allows it: csr, ell, hyb or bsr)")
+        key, index, _, sizes, names = A.transpose
+        return cls(key, tuple(index), values, dict(zip(names.split(","), sizes)))
+
+
+def transpose_values(A, x: torch.Tensor) -> torch.Tensor:
+    """Per-slot data of A, ``(stored, *trailing)``, carried to the slots of A's transpose (0 at
+    its padding), through the slot map ``SparseTensor`` built with the transpose."""
+    if A.transpose is None:
+        raise ValueError(f"this {A.format} SparseTensor has no transpose (build it with grad=True)")
+    slots = A.transpose[2]
+    return torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])[slots]
+
+
+def _op_name(op: Union[str, Operator]) -> str:
+    if isinstance(op, str):
+        from . import ops
+
+        return ops.get(op).name if op not in _OPERATORS else op
+    if not isinstance(op, Operator):
+        raise TypeError(f"op should be a library operator name or a sparsec.dsl.Operator, got {type(op).__name__}")
+    _OPERATORS.setdefault(op.name, op)
+    return op.name
+
+
+@functools.lru_cache(maxsize=512)
+def compiled(op_name: str, key: str, dtype: str, params: Tuple[Tuple[str, int], ...], device_type: str):
+    """The kernel of ``op_name`` for the registered matrix ``key`` (``sparsec.torch``), compiled
+    once per dtype, compile-time extents and device; tuned knobs where a record exists."""
+    from .api import compile as sparsec_compile
+
+    if key not in MATRICES:
+        raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor (and keep it "
+                         "alive while it is used)")
+    op = _OPERATORS.get(op_name) or op_name
+    target = "llvm" if device_type == "cpu" else "cuda"
+    return sparsec_compile(op, MATRICES[key], target=target, dtype=dtype, knobs="tuned", **dict(params))
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(op_name: str, key: str, dtype: str, params: Tuple[Tuple[str, int], ...], device_type: str):
+    """(function, argument recipe, input names, output names), worked out once per kernel."""
+    kernel = compiled(op_name, key, dtype, params, device_type)
+    index_pos = {n: i for i, n in enumerate(LAYOUTS[key][0])}
+    recipe = []
+    for p in kernel.params:
+        if p.role == "index":
+            recipe.append(("index", index_pos[p.name], p))
+        elif p.role == "input" and p.matrix:
+            recipe.append(("values", None, p))
+        elif p.role in ("input", "output", "temp"):
+            recipe.append((p.role, p.name, p))
+        else:
+            recipe.append(("size", p.name, p))
+    return (kernel.executable[kernel.op_name], tuple(recipe), tuple(p.name for p in kernel.inputs),
+            tuple(p.name for p in kernel.outputs))
+
+
+def _shape(p, sizes: Mapping[str, int], stored: int) -> Tuple[int, ...]:
+    if p.sparse:
+        return (stored,) + tuple(int(d) for d in p.shape[1:])
+    return tuple(int(sizes[d]) if isinstance(d, str) else int(d) for d in p.shape)
+
+
+def _check(op_name: str, p, x, want: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op_name}: {p.name} should be a torch tensor, got {type(x).__name__}")
+    if tuple(x.shape) != want:
+        what = " (one row per stored slot of the matrix)" if p.sparse else ""
+        raise ValueError(f"{op_name}: {p.name} should have shape {want}{what}, got {tuple(x.shape)}")
+    if str(x.dtype)[6:] != p.dtype:
+        raise TypeError(f"{op_name}: {p.name} should be {p.dtype}, got {str(x.dtype)[6:]}")
+    if x.device != device:
+        raise ValueError(f"{op_name}: {p.name} is on {x.device} but the sparse matrix is on {device}")
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def run(op: Union[str, Operator], A: MatrixArgs, inputs: Mapping[str, torch.Tensor], **params: int
+        ) -> List[torch.Tensor]:
+    """Run ``op`` on matrix ``A`` with ``inputs`` by buffer name (every input after the matrix:
+    dense inputs and edge data in the slot layout) and compile-time extents ``params``
+    (e.g. ``heads=4, feat=16``); returns the outputs in the operator's order. The kernel's
+    dtype is that of A's values."""
+    name = _op_name(op)
+    values = A.values
+    dtype, device = str(values.dtype)[6:], values.device
+    func, recipe, in_names, out_names = _plan(name, A.key, dtype, tuple(sorted(params.items())), device.type)
+    if set(inputs) != set(in_names):
+        raise TypeError(f"{name} takes the inputs {list(in_names)} after the matrix, got {sorted(inputs)}")
+    stored = A.stored
+    outs: Dict[str, torch.Tensor] = {}
+    args = []
+    for kind, what, p in recipe:
+        if kind == "index":
+            args.append(A.index[what])
+        elif kind == "values":
+            args.append(values)
+        elif kind == "input":
+            args.append(_check(name, p, inputs[what], _shape(p, A.sizes, stored), device))
+        elif kind in ("output", "temp"):
+            out = torch.empty(_shape(p, A.sizes, stored), dtype=getattr(torch, p.dtype), device=device)
+            outs[what] = out
+            args.append(out)
+        else:
+            args.append(int(A.sizes[what]))
+    with on_torch_stream(device.type == "cuda"):
+        func(*args)
+    return [outs[n] for n in out_names]
