@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import numpy as np
 import tvm
 from tvm import s_tir
 
@@ -34,6 +35,35 @@ WARP = 32
 def _feature(nest):
     dense = [b for b in nest.blocks[-1] if b.loop.role == "dense"]
     return dense[-1] if dense else None
+
+
+def _thread_loops(nest):
+    """The statement block's trailing spatial dense loops that the threads of a row share: the
+    feature loop, and before it the spatial dense loops of constant extent whose iterators index
+    the output's trailing axes in the same order (heads then features, ``C[i, h, f]``), so that
+    fused they run over contiguous elements. Why: spreading only the features over threads
+    leaves each thread a serial loop over the heads."""
+    from sparsec.expr import Var
+
+    own = [b for b in nest.blocks[-1] if b.loop.role != "root"]
+    tail = []
+    for b in reversed(own):
+        if b.loop.role != "dense" or b.loop.kind != "S" or not isinstance(b.loop.extent, int):
+            break
+        tail.insert(0, b)
+    index = list(getattr(nest.target, "index", ()))
+    while len(tail) > 1:
+        names = [e.name if isinstance(e, Var) else None for e in index[-len(tail):]]
+        if len(index) >= len(tail) and names == [f"v_{b.loop.name}" for b in tail]:
+            break
+        tail.pop(0)
+    return tail
+
+
+def _feature_width(nest) -> int:
+    """Elements of a row that ``features_over_threads`` spreads over its threads."""
+    loops = _thread_loops(nest)
+    return int(np.prod([b.loop.extent for b in loops])) if loops else _feature(nest).loop.extent
 
 
 def _bind_root(sch, nest, per_block: int, tag: str, coarsen: int = 1, interleave: bool = False):
@@ -106,12 +136,12 @@ def resolve_rows(feat: int, knobs, width=None) -> dict:
 
 
 def _resolve_nest(nest, knobs) -> dict:
-    return resolve_rows(_feature(nest).loop.extent, knobs)
+    return resolve_rows(_feature_width(nest), knobs)
 
 
 def _prune(nest, knobs):
     """Why a combination of the knobs that apply to ``nest`` is no distinct kernel, or None."""
-    feat = _feature(nest).loop.extent
+    feat = _feature_width(nest)
     k = {**features_over_threads.defaults(), **knobs}
     if feat % k["feat_tiles"]:
         return "feat_tiles does not divide the feature width"
@@ -161,13 +191,18 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     """
     own_ir = [b for b in nest.blocks[-1][:-1] if b.loop.role != "root"]
     width = _fixed_width(own_ir) if row_shape(nest) == FIXED else None
-    r = resolve_rows(_feature(nest).loop.extent, {"rows_per_block": rows_per_block, "vec": vec,
-                                                   "slots_per_block": slots_per_block, "feat_tiles": feat_tiles},
+    r = resolve_rows(_feature_width(nest), {"rows_per_block": rows_per_block, "vec": vec,
+                                             "slots_per_block": slots_per_block, "feat_tiles": feat_tiles},
                      width)
     feat_tiles, vec, tx, serial = r["feat_tiles"], r["vec"], r["threads_per_row"], r["serial"]
     rows_per_block, coarsen = r["rows_per_block"], r["coarsen"]
     blk = inner_block(sch, nest)
     loops = sch.get_loops(blk)
+    extra = len(_thread_loops(nest)) - 1
+    if extra > 0:  # heads and features: one loop over the row's contiguous output elements
+        sch.fuse(*loops[-1 - extra:])
+        own_ir = own_ir[:-extra]
+        loops = sch.get_loops(blk)
     k = loops[-1]
     k_f, k_s, k_t, k_v = sch.split(k, [feat_tiles, serial, tx, vec])
     # the statement block's other loops (not the row loop, which stays outermost)

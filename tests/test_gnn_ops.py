@@ -116,7 +116,8 @@ def test_gnn_operators_build_for_cuda_with_heads_and_features_over_threads():
     kernels = sorted(set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", gat4)))
     assert len(kernels) == 3  # row max, row sum, aggregation: three launches on CSR
     agg = gat4[gat4.rindex(kernels[-1] + "("):]
-    assert "threadIdx.x" in agg and "float4" in agg  # features over threads, 128-bit gathers of Z
+    # a row's 4 heads x 16 features over 16 threads: a float4 of Z each, its head threadIdx.x / 4
+    assert "float4" in agg and "((int)threadIdx.x) >> 2" in agg and "((int)threadIdx.x) * 4" in agg
     sources[("gat_hyb", "sm_90a")] = sparsec.compile(ops.gat(), "hyb:1:1/2/4", target="cuda:sm_90a",
                                                      **PARAMS).source()
     for key, (ok, output) in nvcc_sources(sources).items():
