@@ -1,0 +1,106 @@
+"""Structures with an outer axis (r, i, j): the DSL, the stacked binding on several formats,
+the library's rgcn and batched_spmm, CUDA's segment contraction, and sparsec.torch_rgcn."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsec
+from sparsec import dsl, ops
+from sparsec.formats import convert, stack_rows, unstack_rows
+from sparsec.reference import evaluate, max_rel_err
+
+
+def _graph(n=29, seed=0):
+    a = sp.random(n, n, density=0.15, random_state=seed, format="lil", dtype=np.float32)
+    a[3, :] = 0
+    a[5, :] = 1.5  # a long row
+    a = sp.csr_matrix(a)
+    a.data[::7] = 0.0  # explicit zeros
+    return a
+
+
+@pytest.mark.parametrize("fmt", ["csr", "hyb", "ell", "bsr:2x2"])
+def test_rgcn_matches_per_relation_reference(fmt):
+    rng = np.random.default_rng(1)
+    adj, rel = _graph(), 3
+    stacked = stack_rows(adj, rng.integers(0, rel, adj.nnz), rel).astype(np.float32)
+    X = rng.standard_normal((adj.shape[1], 5)).astype(np.float32)
+    W = rng.standard_normal((rel, 5, 7)).astype(np.float32)
+    ref = sum(a.astype(np.float64) @ (X.astype(np.float64) @ W[r].astype(np.float64)) for r, a in enumerate(unstack_rows(stacked, rel)))
+    inst = convert(stacked, fmt)
+    k = sparsec.compile(ops.rgcn(), inst, target="llvm", rel=rel, fin=5, fout=7)
+    assert max_rel_err(k(inst, X, W, poison=True), ref) < 1e-5
+    assert max_rel_err(evaluate(ops.rgcn(), inst, X, W, params=dict(rel=rel, fin=5, fout=7)), ref) < 1e-12
+
+
+def test_batched_spmm_one_graph_per_batch_entry():
+    rng = np.random.default_rng(2)
+    mats = [_graph(seed=s)[:, :23] for s in range(3)]
+    X = rng.standard_normal((3, 23, 4)).astype(np.float32)
+    inst = convert(stack_rows(mats).astype(np.float32), "hyb")
+    k = sparsec.compile(ops.batched_spmm(), inst, target="llvm", batch=3, feat=4)
+    ref = np.stack([m.astype(np.float64) @ X[b] for b, m in enumerate(mats)])
+    assert max_rel_err(k(inst, X, poison=True), ref) < 1e-5
+
+
+def test_segment_contraction_is_one_cuda_kernel_that_compiles():
+    from tests.nvcc_tools import nvcc_compile
+
+    adj = _graph()
+    inst = convert(stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32), "csr")
+    k = sparsec.compile(ops.rgcn(), inst, target="cuda", rel=4, fin=64, fout=16)
+    src = k.source()
+    assert "l__Zs" in src and "atomicAdd" in src  # the segment sums in shared memory, rows shared by relations
+    assert src.count("__global__") // 2 == 2  # the output's fill, then one launch for every relation
+    nvcc_compile(src, "sm_90a")
+
+
+def test_refusals_name_the_construct():
+    op = dsl.Operator("x")
+    R = op.dense_fixed("r", extent="rel")
+    with pytest.raises(ValueError, match="drop extent"):
+        op.dense_fixed("i", extent=4, parent=R)
+    I = op.dense_fixed("i", parent=R)
+    J = op.sparse_variable("j", parent=I)
+    F = op.dense_fixed("f", extent="feat")
+    with pytest.raises(ValueError, match=r"lives on the operator's sparse structure \(r, i, j\)"):
+        op.sparse_input("A", (I, J))
+    op.sparse_input("A", (R, I, J))
+    X = op.dense_input("X", (J, F))
+    Y = op.dense_output("Y", (I, F))
+    with pytest.raises(ValueError, match=r"without its outer axis r.*op.iterate\(\[r, i, j"):
+        with op.iterate([I, J, F], "SRS") as (i, j, f):
+            Y[i, f] += X[j, f]
+    with pytest.raises(ValueError, match="types holds 5, out of range"):
+        stack_rows(sp.csr_matrix(np.ones((2, 2))), [0, 1, 5, 0], 3)
+
+
+def test_rows_that_are_not_whole_blocks_are_refused():
+    inst = convert(_graph().astype(np.float32), "csr")  # 29 rows: not 3 relations of equal size
+    k = sparsec.compile(ops.rgcn(), inst, target="llvm", rel=3, fin=2, fout=2)
+    with pytest.raises(ValueError, match="3 equal blocks of rows"):
+        k(inst, np.zeros((29, 2), np.float32), np.zeros((3, 2, 2), np.float32))
+
+
+def test_torch_rgcn_matches_dense_autograd():
+    torch = pytest.importorskip("torch")
+    from sparsec.torch_rgcn import RelationalGraph, RGCNConv
+
+    adj, R = _graph(), 3
+    adj.setdiag(0)
+    adj.eliminate_zeros()
+    types = np.random.default_rng(3).integers(0, R, adj.nnz)
+    g = RelationalGraph(adj, types, R)
+    torch.manual_seed(0)
+    conv = RGCNConv(4, 3, R)
+    x = torch.randn(adj.shape[0], 4, requires_grad=True)
+    up = torch.randn(adj.shape[0], 3)
+    (conv(g, x) * up).sum().backward()
+    mats = [torch.tensor(m.toarray()) for m in unstack_rows(g.matrix.to_scipy(), g.rel)]
+    x2 = x.detach().clone().requires_grad_(True)
+    W2 = torch.cat([conv.weight, conv.root[None]]).detach().clone().requires_grad_(True)
+    y2 = sum(m @ x2 @ W2[r] for r, m in enumerate(mats)) + conv.bias.detach()
+    (y2 * up).sum().backward()
+    assert torch.allclose(x.grad, x2.grad, atol=1e-5)
+    assert torch.allclose(conv.weight.grad, W2.grad[:R], atol=1e-5)
+    assert torch.allclose(conv.root.grad, W2.grad[R], atol=1e-5)
