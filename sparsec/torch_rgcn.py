@@ -13,7 +13,6 @@ Z = A_r X (an SpMM over the non-empty stacked rows) times dY, one small GEMM per
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import numpy as np
@@ -68,28 +67,25 @@ class RelationalGraph:
         self.segment_node = torch.from_numpy(seg % n).to(self.device)
         seg_rel = seg // n
         self.segment_bounds = np.searchsorted(seg_rel, np.arange(self.rel + 1)).tolist()
-        self.fmt = fmt
+        self._kernels = {}  # (op, instance, widths) -> compiled kernel
 
     def kernel(self, transposed: bool, fin: int, fout: int):
-        return _kernel("rgcn", self.transposed.format.spec if transposed else self.matrix.format.spec,
-                       id(self.transposed if transposed else self.matrix), self.rel, fin, fout,
-                       self.device.type, self)
+        """The compiled ``rgcn`` for the stacked matrix (or its transpose) at these widths."""
+        inst = self.transposed if transposed else self.matrix
+        return self._compiled("rgcn", inst, rel=self.rel, fin=fin, fout=fout)
 
+    def segment_spmm(self, feat: int):
+        """The compiled SpMM over the non-empty stacked rows (the weight gradient's Z)."""
+        return self._compiled("spmm", self.segments, feat=feat)
 
-@functools.lru_cache(maxsize=64)
-def _kernel(op: str, spec: str, key: int, rel: int, fin: int, fout: int, device_type: str, graph):
-    from . import api, ops
+    def _compiled(self, op: str, inst, **params):
+        from . import api
 
-    inst = graph.transposed if key == id(graph.transposed) else graph.matrix
-    target = "llvm" if device_type == "cpu" else "cuda"
-    return api.compile(ops.get(op), inst, target=target, rel=rel, fin=fin, fout=fout)
-
-
-@functools.lru_cache(maxsize=64)
-def _segment_spmm(key: int, feat: int, device_type: str, graph):
-    from . import api
-
-    return api.compile("spmm", graph.segments, target="llvm" if device_type == "cpu" else "cuda", feat=feat)
+        key = (op, id(inst), tuple(sorted(params.items())))
+        if key not in self._kernels:
+            target = "llvm" if self.device.type == "cpu" else "cuda"
+            self._kernels[key] = api.compile(op, inst, target=target, **params)
+        return self._kernels[key]
 
 
 class _RGCNFunction(torch.autograd.Function):
@@ -110,7 +106,7 @@ class _RGCNFunction(torch.autograd.Function):
             k = graph.kernel(True, weight.shape[2], weight.shape[1])
             dx = k(graph.transposed, dy, weight.detach().transpose(1, 2).contiguous())
         if ctx.needs_input_grad[1]:
-            z = _segment_spmm(id(graph.segments), x.shape[1], x.device.type, graph)(graph.segments, x.detach().contiguous())
+            z = graph.segment_spmm(x.shape[1])(graph.segments, x.detach().contiguous())
             dyg = dy.index_select(0, graph.segment_node)
             dw = torch.zeros_like(weight)
             b = graph.segment_bounds

@@ -55,7 +55,7 @@ def row_extent(row_axis) -> Expr:
     return LROWS if row_axis.parent is not None else ROWS
 
 
-def stacked_coordinate(axis, row_axis, stacked_row: Expr, params) -> Optional[Expr]:
+def stacked_coordinate(axis, row_axis, stacked_row: Expr) -> Optional[Expr]:
     """The coordinate of ``axis`` (the row axis or an axis above it) in a stacked row, or None
     for any other axis: i = row % lrows, r = row // lrows."""
     if row_axis.parent is None:
@@ -201,8 +201,8 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
         for a in acc.axes:
             if isinstance(a, Access):  # an indirect index: the value of an integer input
                 idx.append(rewrite_access(a))
-            elif stacked_coordinate(a, it.row_axis, coord[0], bound.params) is not None:
-                idx.append(stacked_coordinate(a, it.row_axis, coord[0], bound.params))
+            elif stacked_coordinate(a, it.row_axis, coord[0]) is not None:
+                idx.append(stacked_coordinate(a, it.row_axis, coord[0]))
             elif a is it.col_axis:
                 idx.append(coord[1])
             else:
