@@ -76,7 +76,7 @@ def instance(family: str, matrix: str):
 
 
 def _operator(name: str):
-    return ops.get(name) if name in ops.LIBRARY else NONLINEAR_OPS[name][0]()
+    return ops.get(name) if name in LIBRARY_OPS else NONLINEAR_OPS[name][0]()
 
 
 _KERNELS: dict = {}

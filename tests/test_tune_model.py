@@ -151,7 +151,8 @@ def _spmm_nest(F):
     loop = lambda role, kind, extent: types.SimpleNamespace(  # noqa: E731
         loop=types.SimpleNamespace(role=role, kind=kind, extent=extent), extent=extent)
     blocks = [[loop("root", "S", 100), loop("dense", "S", F)]]
-    return types.SimpleNamespace(name="spmm", blocks=blocks, reduce=None, init=False, atomic=False)
+    return types.SimpleNamespace(name="spmm", blocks=blocks, reduce=None, init=False, atomic=False,
+                                 target=types.SimpleNamespace(buffer="C", index=()))
 
 
 @pytest.mark.parametrize("F", [32, 64, 512, 6])
