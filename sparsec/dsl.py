@@ -31,6 +31,10 @@ Indirect reads. A dense buffer axis may be indexed by a read of an integer input
 ``W[E[i, j], f, g]`` (a relation's weight per edge) or ``W[T[j], f, g]`` (per node type); a
 kernel checks every index value against the axis extent before it launches.
 
+Lookups. In a dense iteration a sparse buffer may be read at a dense column axis: ``A[i, jd]``
+with ``jd = op.dense_fixed("jd", extent="n")`` is A's value where (i, jd) is an entry, else 0
+(SparseTIR's ``csrmm_dense_iter``; a binary search in row i on csr, ell and bsr).
+
 Statements: ``X[..] = e`` (assignment), ``X[..] += e`` (sum reduction) and
 ``X[..] = maximum(X[..], e)`` (max reduction, in an iteration with R axes; without R axes
 it is an in-place assignment, e.g. a ReLU). Functions: ``exp``, ``maximum``,
@@ -138,7 +142,7 @@ class Buffer:
             raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)} (its axes: "
                              f"{[a.name for a in self.axes]})")
         out = []
-        for got, want in zip(idx, self.axes):
+        for n, (got, want) in enumerate(zip(idx, self.axes)):
             if isinstance(got, Access):
                 out.append(self._indirect(got, want))
                 continue
@@ -146,10 +150,13 @@ class Buffer:
                 raise TypeError(f"axis {want.name} of {self.name} is indexed with {got!r}: index an axis with an "
                                 f"iteration variable (from op.iterate) or, for a dense buffer, with a read of an "
                                 f"integer input (W[E[i, j], f]); arithmetic on indices is not supported")
-            if self.sparse and got.axis is not want:
-                raise IndexError(f"sparse buffer {self.name} should be indexed by its own axes "
-                                 f"{[a.name for a in self.axes]} (one value per stored entry), got {got.axis.name} "
-                                 f"for {want.name}; to read it elsewhere, declare a dense buffer")
+            # a lookup: the column axis read at a dense axis's coordinate (A[i, jd], 0 where nothing is stored)
+            lookup = n == 1 and want.parent is not None and not got.axis.structural
+            if self.sparse and got.axis is not want and not lookup:
+                raise IndexError(f"sparse buffer {self.name} is indexed by {got.axis.name} for its axis {want.name}: "
+                                 f"index it by its own axes {[a.name for a in self.axes]} (one value per stored "
+                                 f"entry), or read it at a dense column axis ({self.name}[{self.axes[0].name}, jd] "
+                                 f"with jd = op.dense_fixed('jd', extent=...): 0 where nothing is stored)")
             if not self.sparse and not _compatible(got.axis, want):
                 raise IndexError(f"axis {want.name} of {self.name} cannot be indexed by {got.axis.name}: index it "
                                  f"with the iteration variable of {want.name}, or declare {self.name} over "
@@ -181,6 +188,10 @@ class Buffer:
 
     def __setitem__(self, idx, value):
         target = self[idx]
+        if target.lookup:
+            raise ValueError(f"{target.text} writes the sparse buffer {self.name} at a dense column axis "
+                             f"({target.axes[1].name}); a sparse buffer is written at its own entries: write "
+                             f"{self.name}[{', '.join(a.name for a in self.axes)}] in an iteration over them")
         if any(isinstance(a, Access) for a in target.axes):
             raise ValueError(f"{self.name} is written through an indirect index (a scatter), which is not "
                              f"supported; write it at iteration variables and read indirect values instead")
@@ -227,6 +238,17 @@ class Access(Expr):
 
     def __iadd__(self, other):
         return _Reduction(self, wrap(other), "sum")
+
+    @property
+    def lookup(self) -> bool:
+        """A sparse buffer read at a dense column axis (``A[i, jd]``): its value where (i, jd) is
+        an entry, else 0 (a binary search in the row, ``sparsec.lower.lookup``)."""
+        return self.buffer.sparse and len(self.axes) > 1 and self.axes[1] is not self.buffer.axes[1]
+
+    @property
+    def text(self) -> str:
+        """How it reads in the operator: ``A[i, jd]``, ``W[E[i, j], f]``."""
+        return f"{self.buffer.name}[{', '.join(a.text if isinstance(a, Access) else a.name for a in self.axes)}]"
 
 
 def accesses(e: Expr):
@@ -439,6 +461,8 @@ class Operator:
                 raise ValueError(f"the output {st.target.buffer.name} is indexed by reduction axis {a.name}")
         if not self.is_sparse_iteration(it):
             _check_dense_statement(it, st)
+        else:
+            _check_no_lookup(it, st)
         it.statement = st
 
     def is_sparse_iteration(self, it: "Iteration") -> bool:
@@ -491,8 +515,8 @@ def _check_dense_statement(it: Iteration, st: Statement) -> None:
     accesses = [st.target] + [n for n in walk(st.value) if isinstance(n, Access)]
     for acc in accesses:
         used = ", ".join(a.name for a in acc.axes)
-        if acc.buffer.sparse:
-            row, col = acc.buffer.axes
+        if acc.buffer.sparse and not (acc.lookup and acc is not st.target):  # a lookup reads A[i, jd]
+            row, col = acc.buffer.axes[:2]
             raise ValueError(
                 f"iteration {it.name} over [{axes}] does not iterate the sparse structure ({row.name}, {col.name}), "
                 f"so it cannot {'write' if acc is st.target else 'read'} the sparse buffer "
@@ -505,6 +529,19 @@ def _check_dense_statement(it: Iteration, st: Statement) -> None:
                     f"{acc.buffer.name}[{used}], but axis {a.name} is not "
                     f"iterated here; add {a.name} to the iteration's axes, or compute what it needs from "
                     f"{acc.buffer.name} in an iteration over {a.name} first")
+
+
+def _check_no_lookup(it: Iteration, st: Statement) -> None:
+    """A lookup (``A[i, jd]``) belongs to a dense iteration: one over the stored entries reads
+    its sparse buffers at those entries."""
+    for acc in accesses(st.value):
+        if acc.lookup:
+            row, col = acc.buffer.axes[:2]
+            raise ValueError(
+                f"iteration {it.name} iterates the sparse structure ({row.name}, {col.name}) and reads {acc.text}, a "
+                f"lookup at the dense column axis {acc.axes[1].name}: read {acc.buffer.name}[{row.name}, {col.name}] "
+                f"at the entry instead, or put the lookup in an iteration over [{row.name}, {acc.axes[1].name}, ...] "
+                f"without {col.name}")
 
 
 def _current_op() -> Operator:

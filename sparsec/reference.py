@@ -141,7 +141,7 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
             vals[b.name] = np.zeros(want)
     for it in op.iterations:
         if not op.is_sparse_iteration(it):
-            _evaluate_dense(it, vals, extent, dtype)
+            _evaluate_dense(it, vals, extent, dtype, m)
             continue
         st = it.statement
         others = [a for a in it.axes if a is not row and a is not col]
@@ -196,10 +196,11 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
     return res[0] if len(res) == 1 else tuple(res)
 
 
-def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
+def _evaluate_dense(it, vals: dict, extent, dtype: str, m) -> None:
     """A dense iteration (no sparse structure): its statement over the grid of its axes'
     coordinates (the row axis 0..rows, the column axis 0..cols), reductions over its R axes,
-    reading the values the earlier iterations left."""
+    reading the values the earlier iterations left; a lookup (``A[i, jd]``) reads a sparse
+    buffer's value where (i, jd) is an entry of the pattern ``m``, else 0."""
     st = it.statement
     shape = tuple(extent(a) for a in it.axes)
 
@@ -209,6 +210,9 @@ def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
         return np.arange(shape[it.axes.index(axis)]).reshape(at)
 
     def access(acc: Access):
+        if acc.lookup:
+            return _lookup(vals[acc.buffer.name], m, index(acc.axes[0]), index(acc.axes[1]),
+                           tuple(index(a) for a in acc.axes[2:]))
         return vals[acc.buffer.name][tuple(index(a) for a in acc.axes)]
 
     with np.errstate(all="ignore"):
@@ -221,6 +225,21 @@ def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
         out[...] = identity(st.reduce, dtype)
         with np.errstate(all="ignore"):
             _AT[st.reduce](out, idx, value)
+
+
+def _lookup(values: np.ndarray, m, rows, cols, trailing) -> np.ndarray:
+    """``values`` (one per entry of canonical CSR ``m``, then trailing axes) at coordinates
+    (rows, cols), broadcast together; 0 where (row, col) is no entry (a column past the matrix
+    included)."""
+    n_cols = max(m.shape[1], 1)
+    rows, cols = np.broadcast_arrays(rows, cols)
+    keys = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr)) * n_cols + m.indices
+    want = rows.astype(np.int64) * n_cols + cols
+    if not keys.size:
+        return np.zeros(np.broadcast_shapes(want.shape, *(t.shape for t in trailing)))
+    at = np.minimum(np.searchsorted(keys, want), keys.size - 1)  # canonical CSR: keys are sorted
+    hit = (cols < m.shape[1]) & (keys[at] == want)
+    return np.where(hit, values[(at,) + tuple(trailing)], 0.0)
 
 
 def _eval(e: Expr, access):
