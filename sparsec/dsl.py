@@ -139,8 +139,8 @@ class Buffer:
     def __getitem__(self, idx) -> "Access":
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != len(self.axes):
-            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)} (its axes: "
-                             f"{[a.name for a in self.axes]})")
+            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)}: write "
+                             f"{self.name}[{', '.join(a.name for a in self.axes)}]")
         out = []
         for n, (got, want) in enumerate(zip(idx, self.axes)):
             if isinstance(got, Access):
@@ -198,7 +198,8 @@ class Buffer:
         op = _current_op()
         if isinstance(value, _Reduction):
             if value.target.buffer is not self or value.target.axes != target.axes:
-                raise ValueError("a reduction should write the element it reads")
+                raise ValueError(f"{target.text} is assigned a reduction of {value.target.text}: a reduction writes "
+                                 f"the element it reads; write {target.text} += e")
             op._add_statement(Statement(target, value.value, value.kind))
             return
         value = wrap(value)
@@ -338,7 +339,7 @@ class Operator:
 
     def _axis(self, axis: Axis) -> Axis:
         if any(a.name == axis.name for a in self.axes):
-            raise ValueError(f"axis name {axis.name!r} is used twice in {self.name}")
+            raise ValueError(f"axis name {axis.name!r} is used twice in {self.name}; give each axis its own name")
         self.axes.append(axis)
         return axis
 
@@ -367,12 +368,13 @@ class Operator:
             raise ValueError(f"buffer name should be a Python identifier not starting with '_', got {name!r}")
         if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
             raise ValueError(f"buffer name {name!r} is reserved: the generated TVMScript uses T, rows, cols, slots "
-                             f"and names starting with {', '.join(RESERVED_PREFIXES)}")
+                             f"and names starting with {', '.join(RESERVED_PREFIXES)}; choose another name")
         if any(b.name == name for b in self.buffers):
-            raise ValueError(f"buffer name {name!r} is used twice in {self.name}")
+            raise ValueError(f"buffer name {name!r} is used twice in {self.name}; give each buffer its own name")
         for a in axes:
             if a not in self.axes:
-                raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}")
+                raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}; declare the axis on "
+                                 f"{self.name} (op.dense_fixed(...)) and use that")
         dtype = buffer_dtype(name, dtype)
         matrix = sparse and role == "input" and self.matrix() is None
         if sparse:
@@ -396,7 +398,7 @@ class Operator:
                 raise ValueError(f"sparse buffer {name}: trailing axis {a.name} should be a dense axis with an "
                                  f"extent (op.dense_fixed({a.name!r}, extent=...)), not an axis of the structure")
         if len(set(axes)) != len(axes):
-            raise ValueError(f"sparse buffer {name} names an axis twice: {names}")
+            raise ValueError(f"sparse buffer {name} names an axis twice: {names}; list each axis once")
         if matrix and len(axes) > 2:
             raise ValueError(f"sparse input {name} is the operator's first sparse input, the matrix, whose values are "
                              f"one per entry; declare the matrix over ({row.name}, {col.name}) first, then "
@@ -428,7 +430,8 @@ class Operator:
             raise ValueError(f"an iteration lists each axis once, got {[a.name for a in axes]}")
         for a in axes:
             if a not in self.axes:
-                raise ValueError(f"axis {a!r} does not belong to {self.name}")
+                raise ValueError(f"iteration over {a!r}: the axis does not belong to {self.name}; iterate the axes "
+                                 f"declared on {self.name}")
         it = Iteration(name or f"{self.name}{len(self.iterations) or ''}", axes, kinds)
         self._open = it
         _STACK.append(self)
@@ -438,7 +441,8 @@ class Operator:
             _STACK.pop()
             self._open = None
         if it.statement is None:
-            raise ValueError(f"iteration {it.name} has no statement")
+            raise ValueError(f"iteration {it.name} has no statement; write one inside the with block (X[..] = e "
+                             f"or X[..] += e)")
         self.iterations.append(it)
 
     def _add_statement(self, st: Statement):
@@ -448,7 +452,8 @@ class Operator:
         if it.statement is not None:
             raise ValueError(f"iteration {it.name} already has a statement; open another iteration")
         if st.target.buffer.role == "input":
-            raise ValueError(f"{st.target.buffer.name} is an input and cannot be written")
+            raise ValueError(f"{st.target.text} writes {st.target.buffer.name}, an input; write an output or a "
+                             f"temporary instead (op.dense_output, op.dense_temp, op.sparse_output)")
         reduce_axes = [a for a, k in zip(it.axes, it.kinds) if k == "R"]
         if reduce_axes and st.reduce is None:
             raise ValueError(f"iteration {it.name} reduces over {[a.name for a in reduce_axes]} but the statement is "
@@ -458,7 +463,8 @@ class Operator:
                              f"or write an in-place update as an assignment (X[..] = X[..] + e)")
         for a in st.target.axes:
             if a in reduce_axes:
-                raise ValueError(f"the output {st.target.buffer.name} is indexed by reduction axis {a.name}")
+                raise ValueError(f"{st.target.text} is indexed by the reduction axis {a.name} of iteration "
+                                 f"{it.name}; mark {a.name} S, or index the output without it")
         if not self.is_sparse_iteration(it):
             _check_dense_statement(it, st)
         else:
@@ -509,24 +515,23 @@ _STACK: List[Operator] = []
 
 
 def _check_dense_statement(it: Iteration, st: Statement) -> None:
-    """A dense iteration sees coordinates only: no stored entry (sparse buffers), no axis it
-    does not iterate. Refused with what to write instead."""
+    """A dense iteration sees coordinates only: no stored entry (sparse buffers, except a
+    lookup's read A[i, jd]), no axis it does not iterate. Refused with what to write instead."""
     axes = ", ".join(a.name for a in it.axes)
-    accesses = [st.target] + [n for n in walk(st.value) if isinstance(n, Access)]
-    for acc in accesses:
-        used = ", ".join(a.name for a in acc.axes)
-        if acc.buffer.sparse and not (acc.lookup and acc is not st.target):  # a lookup reads A[i, jd]
+    for acc in [st.target] + list(accesses(st.value)):  # an indirect index's reads included
+        verb = "write" if acc is st.target else "read"
+        if acc.buffer.sparse and not (acc.lookup and acc is not st.target):
             row, col = acc.buffer.axes[:2]
             raise ValueError(
                 f"iteration {it.name} over [{axes}] does not iterate the sparse structure ({row.name}, {col.name}), "
-                f"so it cannot {'write' if acc is st.target else 'read'} the sparse buffer "
-                f"{acc.buffer.name}[{used}] (one value per stored entry); iterate [{row.name}, {col.name}, ...] "
-                f"together to reach it, or reduce it into a dense buffer in such an iteration first")
+                f"so it cannot {verb} the sparse buffer {acc.text} (one value per stored entry); iterate [{row.name}, {col.name}, ...] "
+                f"together to reach it, or reduce it into a dense buffer in such an iteration first"
+                + (f", or read it at a dense column axis ({acc.buffer.name}[{row.name}, jd"
+                   f"{''.join(', ' + a.name for a in acc.axes[2:])}]: 0 where nothing is stored)" if verb == "read" else ""))
         for a in acc.axes:
-            if a not in it.axes:
+            if not isinstance(a, Access) and a not in it.axes:
                 raise ValueError(
-                    f"iteration {it.name} over [{axes}] {'writes' if acc is st.target else 'reads'} "
-                    f"{acc.buffer.name}[{used}], but axis {a.name} is not "
+                    f"iteration {it.name} over [{axes}] {verb}s {acc.text}, but axis {a.name} is not "
                     f"iterated here; add {a.name} to the iteration's axes, or compute what it needs from "
                     f"{acc.buffer.name} in an iteration over {a.name} first")
 

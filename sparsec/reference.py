@@ -213,7 +213,18 @@ def _evaluate_dense(it, vals: dict, extent, dtype: str, m) -> None:
         if acc.lookup:
             return _lookup(vals[acc.buffer.name], m, index(acc.axes[0]), index(acc.axes[1]),
                            tuple(index(a) for a in acc.axes[2:]))
-        return vals[acc.buffer.name][tuple(index(a) for a in acc.axes)]
+        return vals[acc.buffer.name][tuple(indirect(acc, n, a) if isinstance(a, Access) else index(a)
+                                           for n, a in enumerate(acc.axes))]
+
+    def indirect(acc: Access, n: int, a: Access):
+        """An indirect index's values (W[T[j], f]), checked against the axis they index."""
+        got = access(a).astype(np.int64)
+        declared = acc.buffer.axes[n]
+        bad = (got < 0) | (got >= extent(declared))
+        if bad.any():
+            raise ValueError(f"{a.buffer.name} holds {int(got[bad].flat[0])}, out of range for axis {declared.name} "
+                             f"of {acc.buffer.name} (extent {extent(declared)})")
+        return got
 
     with np.errstate(all="ignore"):
         value = np.broadcast_to(_eval(st.value, access), shape)

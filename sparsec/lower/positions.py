@@ -252,7 +252,7 @@ def _lower_dense(it: BoundIteration) -> LoopNest:
                                   tuple(by_axis[a] for a in acc.axes[2:]), loops[it.axes.index(col)].loop.extent,
                                   f"l__{it.name}_lk{len(lookups)}", acc.text))
             return lookups[-1]
-        return Load(acc.buffer.name, tuple(by_axis[a] for a in acc.axes))
+        return Load(acc.buffer.name, tuple(rewrite(a) if isinstance(a, Access) else by_axis[a] for a in acc.axes))
 
     value = transform(st.value, lambda n: rewrite(n) if isinstance(n, Access) else None)
     # the first loop a block of its own, as a sparse nest's row loop; one block when it is a
