@@ -171,6 +171,10 @@ class Buffer:
             raise IndexError(f"sparse buffer {self.name} is indexed by a read of {src.name}: a sparse buffer is read "
                              f"at its own entry (its axes {[a.name for a in self.axes]}); index a dense buffer "
                              f"instead (W[{src.name}[..], f])")
+        if src.matrix:
+            raise ValueError(f"axis {axis.name} of {self.name} is indexed by the matrix {src.name} (the first sparse "
+                             f"input); declare the indices as a further sparse input, e.g. "
+                             f"op.sparse_input('E', (i, j), dtype='int32')")
         if not src.integer:
             raise TypeError(f"axis {axis.name} of {self.name} is indexed by a read of {src.name}, which is "
                             f"{src.dtype or 'float (by role)'}; an index buffer should be declared with an integer "
@@ -180,10 +184,6 @@ class Buffer:
             raise ValueError(f"axis {axis.name} of {self.name} is indexed by a read of {src.name}, a {src.role}: "
                              f"index values are checked against the extent of {axis.name} before launch, so they "
                              f"should come from an input")
-        if src.matrix:
-            raise ValueError(f"axis {axis.name} of {self.name} is indexed by the matrix {src.name} (the first sparse "
-                             f"input); declare the indices as a further sparse input, e.g. "
-                             f"op.sparse_input('E', (i, j), dtype='int32')")
         return index
 
     def __setitem__(self, idx, value):
