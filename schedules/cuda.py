@@ -219,22 +219,34 @@ def features_over_threads(sch: s_tir.Schedule, nest, *, rows_per_block: int, vec
     if feat_tiles > 1:
         sch.bind(k_f, "blockIdx.y")
     accumulates = nest.reduce is not None and (nest.init or nest.atomic)
+    # vector stores need the features contiguous in the output: not in a transposed one (T[k, i])
+    contiguous = _features_last(nest)
     if accumulates:
         acc = sch.cache_write(blk, 0, "local")
         sch.reverse_compute_at(acc, k_s if serial > 1 else k_t)
         if nest.atomic:  # rows repeat: the write-back adds into the filled output (schedules.atomics)
             mark_atomic(sch, acc)
-        elif vec > 1:
+        elif vec > 1 and contiguous:
             sch.vectorize(sch.get_loops(acc)[-1])
         if has_dynamic_reduction(nest, cuda=True):
             kinds = [b.loop.kind for b in own_ir]
             first_r = next(rv for rv, kind in zip(own, kinds) if kind == "R")
             sch.decompose_reduction(blk, first_r)
-    if vec > 1 and (accumulates or nest.reduce is None):  # an add into memory (parts) stays scalar
+    # an add into memory (parts) stays scalar; so does a store into a transposed output
+    if vec > 1 and (accumulates or (nest.reduce is None and contiguous)):
         sch.vectorize(k_v)
     if accumulates:
         _unroll_entries(sch, own, own_ir, unroll)
     _bind_root(sch, nest, rows_per_block, "threadIdx.y", coarsen, bool(interleave))
+
+
+def _features_last(nest) -> bool:
+    """The output's last index is the feature loop's iterator: a thread's ``vec`` features are
+    consecutive in memory (``C[i, k]``), not a row apart (``T[k, i]``)."""
+    from sparsec.expr import Var
+
+    last = nest.target.index[-1] if nest.target.index else None
+    return isinstance(last, Var) and last.name == f"v_{_feature(nest).loop.name}"
 
 
 def _fixed_width(own_ir):

@@ -31,6 +31,10 @@ Indirect reads. A dense buffer axis may be indexed by a read of an integer input
 ``W[E[i, j], f, g]`` (a relation's weight per edge) or ``W[T[j], f, g]`` (per node type); a
 kernel checks every index value against the axis extent before it launches.
 
+Lookups. In a dense iteration a sparse buffer may be read at a dense column axis: ``A[i, jd]``
+with ``jd = op.dense_fixed("jd", extent="n")`` is A's value where (i, jd) is an entry, else 0
+(SparseTIR's ``csrmm_dense_iter``; a binary search in row i on csr, ell and bsr).
+
 Statements: ``X[..] = e`` (assignment), ``X[..] += e`` (sum reduction) and
 ``X[..] = maximum(X[..], e)`` (max reduction, in an iteration with R axes; without R axes
 it is an in-place assignment, e.g. a ReLU). Functions: ``exp``, ``maximum``,
@@ -141,10 +145,10 @@ class Buffer:
     def __getitem__(self, idx) -> "Access":
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != len(self.axes):
-            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)} (its axes: "
-                             f"{[a.name for a in self.axes]})")
+            raise IndexError(f"buffer {self.name} has {len(self.axes)} axes, indexed with {len(idx)}: write "
+                             f"{self.name}[{', '.join(a.name for a in self.axes)}]")
         out = []
-        for got, want in zip(idx, self.axes):
+        for n, (got, want) in enumerate(zip(idx, self.axes)):
             if isinstance(got, Access):
                 out.append(self._indirect(got, want))
                 continue
@@ -152,10 +156,19 @@ class Buffer:
                 raise TypeError(f"axis {want.name} of {self.name} is indexed with {got!r}: index an axis with an "
                                 f"iteration variable (from op.iterate) or, for a dense buffer, with a read of an "
                                 f"integer input (W[E[i, j], f]); arithmetic on indices is not supported")
-            if self.sparse and got.axis is not want:
-                raise IndexError(f"sparse buffer {self.name} should be indexed by its own axes "
-                                 f"{[a.name for a in self.axes]} (one value per stored entry), got {got.axis.name} "
-                                 f"for {want.name}; to read it elsewhere, declare a dense buffer")
+            # a lookup: the column axis read at a dense axis's coordinate (A[i, jd], 0 where nothing is stored)
+            lookup = n == 1 and want.parent is not None and not got.axis.structural
+            if self.sparse and self.levels > 2 and got.axis is not want:
+                lv = ", ".join(a.name for a in self.axes[:self.levels])
+                raise IndexError(f"sparse buffer {self.name} is indexed by {got.axis.name} for its axis {want.name}: "
+                                 f"a buffer over a structure with outer axes ({lv}) is read at its own entries only "
+                                 f"(a lookup at a dense column axis needs the structure without outer axes); index "
+                                 f"it {self.name}[{', '.join(a.name for a in self.axes)}]")
+            if self.sparse and got.axis is not want and not lookup:
+                raise IndexError(f"sparse buffer {self.name} is indexed by {got.axis.name} for its axis {want.name}: "
+                                 f"index it by its own axes {[a.name for a in self.axes]} (one value per stored "
+                                 f"entry), or read it at a dense column axis ({self.name}[{self.axes[0].name}, jd] "
+                                 f"with jd = op.dense_fixed('jd', extent=...): 0 where nothing is stored)")
             if not self.sparse and not _compatible(got.axis, want):
                 raise IndexError(f"axis {want.name} of {self.name} cannot be indexed by {got.axis.name}: index it "
                                  f"with the iteration variable of {want.name}, or declare {self.name} over "
@@ -170,6 +183,10 @@ class Buffer:
             raise IndexError(f"sparse buffer {self.name} is indexed by a read of {src.name}: a sparse buffer is read "
                              f"at its own entry (its axes {[a.name for a in self.axes]}); index a dense buffer "
                              f"instead (W[{src.name}[..], f])")
+        if src.matrix:
+            raise ValueError(f"axis {axis.name} of {self.name} is indexed by the matrix {src.name} (the first sparse "
+                             f"input); declare the indices as a further sparse input, e.g. "
+                             f"op.sparse_input('E', (i, j), dtype='int32')")
         if not src.integer:
             raise TypeError(f"axis {axis.name} of {self.name} is indexed by a read of {src.name}, which is "
                             f"{src.dtype or 'float (by role)'}; an index buffer should be declared with an integer "
@@ -179,21 +196,22 @@ class Buffer:
             raise ValueError(f"axis {axis.name} of {self.name} is indexed by a read of {src.name}, a {src.role}: "
                              f"index values are checked against the extent of {axis.name} before launch, so they "
                              f"should come from an input")
-        if src.matrix:
-            raise ValueError(f"axis {axis.name} of {self.name} is indexed by the matrix {src.name} (the first sparse "
-                             f"input); declare the indices as a further sparse input, e.g. "
-                             f"op.sparse_input('E', (i, j), dtype='int32')")
         return index
 
     def __setitem__(self, idx, value):
         target = self[idx]
+        if target.lookup:
+            raise ValueError(f"{target.text} writes the sparse buffer {self.name} at a dense column axis "
+                             f"({target.axes[1].name}); a sparse buffer is written at its own entries: write "
+                             f"{self.name}[{', '.join(a.name for a in self.axes)}] in an iteration over them")
         if any(isinstance(a, Access) for a in target.axes):
             raise ValueError(f"{self.name} is written through an indirect index (a scatter), which is not "
                              f"supported; write it at iteration variables and read indirect values instead")
         op = _current_op()
         if isinstance(value, _Reduction):
             if value.target.buffer is not self or value.target.axes != target.axes:
-                raise ValueError("a reduction should write the element it reads")
+                raise ValueError(f"{target.text} is assigned a reduction of {value.target.text}: a reduction writes "
+                                 f"the element it reads; write {target.text} += e")
             op._add_statement(Statement(target, value.value, value.kind))
             return
         value = wrap(value)
@@ -233,6 +251,18 @@ class Access(Expr):
 
     def __iadd__(self, other):
         return _Reduction(self, wrap(other), "sum")
+
+    @property
+    def lookup(self) -> bool:
+        """A sparse buffer read at a dense column axis (``A[i, jd]``): its value where (i, jd) is
+        an entry, else 0 (a binary search in the row, ``sparsec.lower.lookup``)."""
+        return (self.buffer.sparse and self.buffer.levels == 2 and len(self.axes) > 1
+                and self.axes[1] is not self.buffer.axes[1])
+
+    @property
+    def text(self) -> str:
+        """How it reads in the operator: ``A[i, jd]``, ``W[E[i, j], f]``."""
+        return f"{self.buffer.name}[{', '.join(a.text if isinstance(a, Access) else a.name for a in self.axes)}]"
 
 
 def accesses(e: Expr):
@@ -341,7 +371,7 @@ class Operator:
 
     def _axis(self, axis: Axis) -> Axis:
         if any(a.name == axis.name for a in self.axes):
-            raise ValueError(f"axis name {axis.name!r} is used twice in {self.name}")
+            raise ValueError(f"axis name {axis.name!r} is used twice in {self.name}; give each axis its own name")
         self.axes.append(axis)
         return axis
 
@@ -370,12 +400,13 @@ class Operator:
             raise ValueError(f"buffer name should be a Python identifier not starting with '_', got {name!r}")
         if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
             raise ValueError(f"buffer name {name!r} is reserved: the generated TVMScript uses T, rows, cols, slots "
-                             f"and names starting with {', '.join(RESERVED_PREFIXES)}")
+                             f"and names starting with {', '.join(RESERVED_PREFIXES)}; choose another name")
         if any(b.name == name for b in self.buffers):
-            raise ValueError(f"buffer name {name!r} is used twice in {self.name}")
+            raise ValueError(f"buffer name {name!r} is used twice in {self.name}; give each buffer its own name")
         for a in axes:
             if a not in self.axes:
-                raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}")
+                raise ValueError(f"buffer {name}: axis {a!r} does not belong to {self.name}; declare the axis on "
+                                 f"{self.name} (op.dense_fixed(...)) and use that")
         dtype = buffer_dtype(name, dtype)
         matrix = sparse and role == "input" and self.matrix() is None
         if sparse:
@@ -400,7 +431,7 @@ class Operator:
                 raise ValueError(f"sparse buffer {name}: trailing axis {a.name} should be a dense axis with an "
                                  f"extent (op.dense_fixed({a.name!r}, extent=...)), not an axis of the structure")
         if len(set(axes)) != len(axes):
-            raise ValueError(f"sparse buffer {name} names an axis twice: {names}")
+            raise ValueError(f"sparse buffer {name} names an axis twice: {names}; list each axis once")
         if matrix and len(axes) > len(levels):
             raise ValueError(f"sparse input {name} is the operator's first sparse input, the matrix, whose values are "
                              f"one per entry; declare the matrix over ({lv}) first, then "
@@ -432,7 +463,8 @@ class Operator:
             raise ValueError(f"an iteration lists each axis once, got {[a.name for a in axes]}")
         for a in axes:
             if a not in self.axes:
-                raise ValueError(f"axis {a!r} does not belong to {self.name}")
+                raise ValueError(f"iteration over {a!r}: the axis does not belong to {self.name}; iterate the axes "
+                                 f"declared on {self.name}")
         it = Iteration(name or f"{self.name}{len(self.iterations) or ''}", axes, kinds)
         self._open = it
         _STACK.append(self)
@@ -442,7 +474,8 @@ class Operator:
             _STACK.pop()
             self._open = None
         if it.statement is None:
-            raise ValueError(f"iteration {it.name} has no statement")
+            raise ValueError(f"iteration {it.name} has no statement; write one inside the with block (X[..] = e "
+                             f"or X[..] += e)")
         self.iterations.append(it)
 
     def _add_statement(self, st: Statement):
@@ -452,7 +485,8 @@ class Operator:
         if it.statement is not None:
             raise ValueError(f"iteration {it.name} already has a statement; open another iteration")
         if st.target.buffer.role == "input":
-            raise ValueError(f"{st.target.buffer.name} is an input and cannot be written")
+            raise ValueError(f"{st.target.text} writes {st.target.buffer.name}, an input; write an output or a "
+                             f"temporary instead (op.dense_output, op.dense_temp, op.sparse_output)")
         reduce_axes = [a for a, k in zip(it.axes, it.kinds) if k == "R"]
         if reduce_axes and st.reduce is None:
             raise ValueError(f"iteration {it.name} reduces over {[a.name for a in reduce_axes]} but the statement is "
@@ -462,7 +496,8 @@ class Operator:
                              f"or write an in-place update as an assignment (X[..] = X[..] + e)")
         for a in st.target.axes:
             if a in reduce_axes:
-                raise ValueError(f"the output {st.target.buffer.name} is indexed by reduction axis {a.name}")
+                raise ValueError(f"{st.target.text} is indexed by the reduction axis {a.name} of iteration "
+                                 f"{it.name}; mark {a.name} S, or index the output without it")
         if not self.is_sparse_iteration(it):
             _check_dense_statement(it, st)
         else:
@@ -474,6 +509,7 @@ class Operator:
                                  f"outer axis {', '.join(missing)}: the entries of "
                                  f"every {missing[0]} are visited, so list it too: op.iterate([{lv}, ...]) with "
                                  f"{missing[0]} as S (per {missing[0]}) or R (summed over {missing[0]})")
+            _check_no_lookup(it, st)
         it.statement = st
 
     def is_sparse_iteration(self, it: "Iteration") -> bool:
@@ -537,27 +573,39 @@ def _is_row(axis: Axis) -> bool:
 
 
 def _check_dense_statement(it: Iteration, st: Statement) -> None:
-    """A dense iteration sees coordinates only: no stored entry (sparse buffers), no axis it
-    does not iterate. Refused with what to write instead."""
+    """A dense iteration sees coordinates only: no stored entry (sparse buffers, except a
+    lookup's read A[i, jd]), no axis it does not iterate. Refused with what to write instead."""
     axes = ", ".join(a.name for a in it.axes)
-    accesses = [st.target] + [n for n in walk(st.value) if isinstance(n, Access)]
-    for acc in accesses:
-        used = ", ".join(a.name for a in acc.axes)
-        if acc.buffer.sparse:
+    for acc in [st.target] + list(accesses(st.value)):  # an indirect index's reads included
+        verb = "write" if acc is st.target else "read"
+        if acc.buffer.sparse and not (acc.lookup and acc is not st.target):
             lv = acc.buffer.axes[:acc.buffer.levels]
             row, col = lv[-2:]
             raise ValueError(
                 f"iteration {it.name} over [{axes}] does not iterate the sparse structure ({', '.join(a.name for a in lv)}), "
-                f"so it cannot {'write' if acc is st.target else 'read'} the sparse buffer "
-                f"{acc.buffer.name}[{used}] (one value per stored entry); iterate [{row.name}, {col.name}, ...] "
-                f"together to reach it, or reduce it into a dense buffer in such an iteration first")
+                f"so it cannot {verb} the sparse buffer {acc.text} (one value per stored entry); iterate [{row.name}, {col.name}, ...] "
+                f"together to reach it, or reduce it into a dense buffer in such an iteration first"
+                + (f", or read it at a dense column axis ({acc.buffer.name}[{', '.join(a.name for a in lv[:-1])}, jd"
+                   f"{''.join(', ' + a.name for a in acc.axes[len(lv):])}]: 0 where nothing is stored)" if verb == "read" else ""))
         for a in acc.axes:
-            if a not in it.axes:
+            if not isinstance(a, Access) and a not in it.axes:
                 raise ValueError(
-                    f"iteration {it.name} over [{axes}] {'writes' if acc is st.target else 'reads'} "
-                    f"{acc.buffer.name}[{used}], but axis {a.name} is not "
+                    f"iteration {it.name} over [{axes}] {verb}s {acc.text}, but axis {a.name} is not "
                     f"iterated here; add {a.name} to the iteration's axes, or compute what it needs from "
                     f"{acc.buffer.name} in an iteration over {a.name} first")
+
+
+def _check_no_lookup(it: Iteration, st: Statement) -> None:
+    """A lookup (``A[i, jd]``) belongs to a dense iteration: one over the stored entries reads
+    its sparse buffers at those entries."""
+    for acc in accesses(st.value):
+        if acc.lookup:
+            row, col = acc.buffer.axes[:2]
+            raise ValueError(
+                f"iteration {it.name} iterates the sparse structure ({row.name}, {col.name}) and reads {acc.text}, a "
+                f"lookup at the dense column axis {acc.axes[1].name}: read {acc.buffer.name}[{row.name}, {col.name}] "
+                f"at the entry instead, or put the lookup in an iteration over [{row.name}, {acc.axes[1].name}, ...] "
+                f"without {col.name}")
 
 
 def _current_op() -> Operator:

@@ -79,6 +79,17 @@ class Load(Expr):
     index: Tuple[Expr, ...]
 
 
+@dataclass(frozen=True, eq=False)
+class Let(Expr):
+    """``body`` with ``var`` (an int32 scalar) bound to ``value``: an expression that names an
+    intermediate once (a lookup's binary search, ``lower.lookup``), so each step reads the
+    previous one without copying it."""
+
+    var: Var
+    value: Expr
+    body: Expr
+
+
 def wrap(x) -> Expr:
     if isinstance(x, Expr):
         return x
@@ -99,6 +110,8 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         e = Select(transform(e.cond, fn), transform(e.then, fn), transform(e.other, fn))
     elif isinstance(e, Load):
         e = Load(e.buffer, tuple(transform(i, fn) for i in e.index))
+    elif isinstance(e, Let):
+        e = Let(e.var, transform(e.value, fn), transform(e.body, fn))
     out = fn(e)
     return e if out is None else out
 
@@ -115,6 +128,8 @@ def walk(e: Expr):
         children = (e.cond, e.then, e.other)
     elif isinstance(e, Load):
         children = e.index
+    elif isinstance(e, Let):
+        children = (e.value, e.body)
     for c in children:
         yield from walk(c)
 
@@ -185,4 +200,7 @@ def render(e: Expr, dtype: str, names: Dict[str, str] | None = None) -> str:
     if isinstance(e, Select):
         return (f"T.if_then_else({render(e.cond, 'int32', names)}, "
                 f"{render(e.then, dtype, names)}, {render(e.other, dtype, names)})")
+    if isinstance(e, Let):
+        return (f"T.Let({render(e.body, dtype, names)}, where={{{render(e.var, 'int32', names)}: "
+                f"{render(e.value, 'int32', names)}}})")
     raise TypeError(f"cannot render {type(e).__name__}")

@@ -152,7 +152,7 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
             vals[b.name] = np.zeros(want)
     for it in op.iterations:
         if not op.is_sparse_iteration(it):
-            _evaluate_dense(it, vals, extent, dtype)
+            _evaluate_dense(it, vals, extent, dtype, m)
             continue
         st = it.statement
         others = [a for a in it.axes if a is not col and a not in coordinate]
@@ -207,10 +207,11 @@ def evaluate(op: Operator, A, *dense, params=None, dtype: str = "float32"):
     return res[0] if len(res) == 1 else tuple(res)
 
 
-def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
+def _evaluate_dense(it, vals: dict, extent, dtype: str, m) -> None:
     """A dense iteration (no sparse structure): its statement over the grid of its axes'
     coordinates (the row axis 0..rows, the column axis 0..cols), reductions over its R axes,
-    reading the values the earlier iterations left."""
+    reading the values the earlier iterations left; a lookup (``A[i, jd]``) reads a sparse
+    buffer's value where (i, jd) is an entry of the pattern ``m``, else 0."""
     st = it.statement
     shape = tuple(extent(a) for a in it.axes)
 
@@ -220,7 +221,21 @@ def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
         return np.arange(shape[it.axes.index(axis)]).reshape(at)
 
     def access(acc: Access):
-        return vals[acc.buffer.name][tuple(index(a) for a in acc.axes)]
+        if acc.lookup:
+            return _lookup(vals[acc.buffer.name], m, index(acc.axes[0]), index(acc.axes[1]),
+                           tuple(index(a) for a in acc.axes[2:]))
+        return vals[acc.buffer.name][tuple(indirect(acc, n, a) if isinstance(a, Access) else index(a)
+                                           for n, a in enumerate(acc.axes))]
+
+    def indirect(acc: Access, n: int, a: Access):
+        """An indirect index's values (W[T[j], f]), checked against the axis they index."""
+        got = access(a).astype(np.int64)
+        declared = acc.buffer.axes[n]
+        bad = (got < 0) | (got >= extent(declared))
+        if bad.any():
+            raise ValueError(f"{a.buffer.name} holds {int(got[bad].flat[0])}, out of range for axis {declared.name} "
+                             f"of {acc.buffer.name} (extent {extent(declared)})")
+        return got
 
     with np.errstate(all="ignore"):
         value = np.broadcast_to(_eval(st.value, access), shape)
@@ -232,6 +247,21 @@ def _evaluate_dense(it, vals: dict, extent, dtype: str) -> None:
         out[...] = identity(st.reduce, dtype)
         with np.errstate(all="ignore"):
             _AT[st.reduce](out, idx, value)
+
+
+def _lookup(values: np.ndarray, m, rows, cols, trailing) -> np.ndarray:
+    """``values`` (one per entry of canonical CSR ``m``, then trailing axes) at coordinates
+    (rows, cols), broadcast together; 0 where (row, col) is no entry (a column past the matrix
+    included)."""
+    n_cols = max(m.shape[1], 1)
+    rows, cols = np.broadcast_arrays(rows, cols)
+    keys = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr)) * n_cols + m.indices
+    want = rows.astype(np.int64) * n_cols + cols
+    if not keys.size:
+        return np.zeros(np.broadcast_shapes(want.shape, *(t.shape for t in trailing)))
+    at = np.minimum(np.searchsorted(keys, want), keys.size - 1)  # canonical CSR: keys are sorted
+    hit = (cols < m.shape[1]) & (keys[at] == want)
+    return np.where(hit, values[(at,) + tuple(trailing)], 0.0)
 
 
 def _eval(e: Expr, access):

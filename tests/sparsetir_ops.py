@@ -14,9 +14,6 @@ built or compiled yet (the tests mark those cases ``xfail(strict=True)``):
   * ``NEEDS_EDGE_DATA`` -- buffer dtypes, several sparse inputs on one structure (edge data
     passed positionally among the dense inputs, one value per entry in canonical CSR order),
     indirect reads ``W[E[i, j], f, g]``;
-  * ``NEEDS_LOOKUP`` -- a sparse buffer read at a coordinate of a dense axis (SparseTIR
-    lowers it to a binary search; an absent coordinate reads 0);
-    (SparseTIR's ``hyper_gnn`` attaches the transposed structure under J instead).
 
 Usage::
 
@@ -38,10 +35,11 @@ import scipy.sparse as sp
 from sparsec import dsl
 
 NEEDS_EDGE_DATA = "edge data: buffer dtypes, several sparse inputs on one structure, indirect reads W[E[i, j], ..]"
-NEEDS_LOOKUP = "a sparse buffer read at a dense axis's coordinate (a lookup; 0 where nothing is stored)"
 
 ALL_FAMILIES = ("csr", "bsr:2x2", "bsr:4x4", "bsr:3x5", "ell", "hyb:1:1/2/4", "hyb:2:1/2/4",
                 "bsr+csr:4x4,0.3", "nm:2:4")
+# a lookup (A[i, jd]) needs one sorted column list per row: no composite, no N:M windows
+LOOKUP_FAMILIES = ("csr", "bsr:2x2", "bsr:4x4", "bsr:3x5", "ell")
 PATTERN_FAMILIES = tuple(f for f in ALL_FAMILIES if not f.startswith("nm"))  # derived patterns: never pruned
 
 
@@ -155,8 +153,8 @@ def csrmm_dense_iter() -> dsl.Operator:
     """SparseTIR ``csrmm_dense_iter``: the same C = A B, but the reduction runs over the
     *detached* dense column axis (0..n), reading A at every column (SparseTIR: a binary search
     in row i; an absent column reads 0). Written the same way here: ``jd`` is a dense axis of
-    extent n, and ``A[i, jd]`` is a lookup, which sparsec's DSL does not have yet (a sparse
-    buffer is indexed by its own axes only): ``NEEDS_LOOKUP``. Its value is csrmm's."""
+    extent n, and ``A[i, jd]`` is a lookup (``sparsec.lower.lookup``: a binary search over the
+    row's sorted columns, on csr, ell and bsr). Its value is csrmm's."""
     op = dsl.Operator("csrmm_dense_iter", "C[i, k] = sum_{jd < n} A[i, jd] * B[jd, k]")
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
@@ -727,8 +725,7 @@ def bsr_layout_reference(p: Problem, inst) -> Optional[np.ndarray]:
 
 KERNELS: Dict[str, SparseTIRKernel] = {k.name: k for k in (
     SparseTIRKernel("csrmm", csrmm, spmm_reference, _matrix_inputs(("cols", "feat")), ALL_FAMILIES),
-    SparseTIRKernel("csrmm_dense_iter", csrmm_dense_iter, dense_iter_reference, _dense_iter_inputs, ALL_FAMILIES,
-                    needs=NEEDS_LOOKUP),
+    SparseTIRKernel("csrmm_dense_iter", csrmm_dense_iter, dense_iter_reference, _dense_iter_inputs, LOOKUP_FAMILIES),
     SparseTIRKernel("segment_reduce", segment_reduce, segment_reference, _matrix_inputs(), ALL_FAMILIES),
     SparseTIRKernel("csr_reduce", csr_reduce, row_sum_reference, _matrix_inputs(), ALL_FAMILIES),
     SparseTIRKernel("bsrmm", bsrmm, spmm_reference, _matrix_inputs(("cols", "feat")),

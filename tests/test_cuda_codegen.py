@@ -219,3 +219,31 @@ def test_wide_features_accumulate_per_serial_chunk(spec):
         sizes = [int(n) for n in re.findall(r"C_local_ptr\[(\d+)\]", src)]
         assert sizes and max(sizes) <= 4, (spec, feat, sizes)
         assert not re.search(r"for \(int ax0 = 0; ax0 < \d{3,}", src)  # no long scalar write-back
+
+
+def _transposed_spmm():
+    """Out[k, i] = sum_j A[i, j] B[j, k]: the output's features are a row apart in memory."""
+    from sparsec import dsl
+
+    op = dsl.Operator("transposed_spmm")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    K = op.dense_fixed("k", extent="feat")
+    A = op.sparse_input("A", (I, J))
+    B = op.dense_input("B", (J, K))
+    Out = op.dense_output("Out", (K, I))
+    with op.iterate([I, J, K], "SRS") as (i, j, k):
+        Out[k, i] += A[i, j] * B[j, k]
+    return op
+
+
+@pytest.mark.parametrize("spec", ["bsr:4x4", "bsr:2x3", "csr"])
+def test_transposed_output_is_stored_by_scalars(spec):
+    """A transposed output on BSR made TVM fail to vectorise the write-back over the block's
+    rows (a run-time extent); its features are not contiguous, so no vector store is asked for:
+    the source compiles, with vector loads of B kept (float4) and no vector store into Out."""
+    src = sparsec.compile(_transposed_spmm(), spec, target="cuda:sm_90a", feat=16).source()
+    assert "float4" in src
+    assert not re.search(r"\*\(float4\*\)\(Out_ptr", src)
+    (ok, log), = nvcc_sources({(spec, "sm_90a"): src}).values()
+    assert ok, log[:2000]

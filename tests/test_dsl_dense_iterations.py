@@ -274,3 +274,32 @@ def test_cuda_refuses_a_reduction_over_the_first_dense_axis():
     with pytest.raises(ValueError, match=r"reduces over its first axis i.*iterate \[k, i, ...\] with the spatial "
                                          r"axis first"):
         sparsec.compile(op, "csr", target="cuda:sm_90a")
+
+
+def test_dense_iteration_reads_through_an_indirect_index():
+    """H[j, f] = W[T[j], f] (a weight per column type) over [J, F]: once an AttributeError in the
+    DSL check; compiled, checked before launch like any indirect index, and evaluated."""
+    import sparsec
+    from sparsec import dsl, formats
+    from sparsec.reference import evaluate
+
+    op = dsl.Operator("per_type")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    F = op.dense_fixed("f", extent=3)
+    R = op.dense_fixed("r", extent=4)
+    op.sparse_input("A", (I, J))
+    T_ = op.dense_input("Ty", (J,), dtype="int32")
+    W = op.dense_input("W", (R, F))
+    H = op.dense_output("H", (J, F))
+    with op.iterate([J, F], "SS") as (j, f):
+        H[j, f] = W[T_[j], f]
+    rng = np.random.default_rng(0)
+    A = formats.convert(sp.random(6, 9, density=0.3, format="csr", random_state=0, dtype=np.float32), "csr")
+    ty = rng.integers(0, 4, 9).astype(np.int32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    kern = sparsec.compile(op, A, target="llvm")
+    np.testing.assert_array_equal(kern(A, ty, w, poison=True), w[ty])
+    np.testing.assert_array_equal(evaluate(op, A, ty, w), w[ty].astype(np.float64))
+    with pytest.raises(ValueError, match="Ty"):
+        kern(A, np.full(9, 4, np.int32), w)

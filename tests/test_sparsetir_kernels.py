@@ -22,7 +22,7 @@ FEAT = 7  # odd: no vector width divides it
 # (padding inside blocks, padded ELL slots, split rows / column ranges of hyb, pruned N:M)
 LLVM_FAMILIES = {
     "csrmm": ("csr", "bsr:3x5", "hyb:2:1/2/4", "nm:2:4"),
-    "csrmm_dense_iter": ("csr",),
+    "csrmm_dense_iter": ("csr", "bsr:3x5", "ell"),
     "segment_reduce": ("csr", "bsr:2x2", "ell"),
     "csr_reduce": ("csr", "hyb:1:1/2/4"),
     "bsrmm": ("bsr:2x2", "bsr+csr:4x4,0.3"),

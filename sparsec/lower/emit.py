@@ -17,6 +17,7 @@ from ..dsl import IDENTITY
 from ..expr import BinOp, Expr, Load, Var, render, walk
 from ..ir_attrs import ATOMIC_ATTR
 from .flatten import FlatProgram
+from .lookup import hoist_lets, let_vars
 from .positions import LoopNest, iv
 
 
@@ -116,7 +117,10 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool, ta
                 cond = guards[0] if len(guards) == 1 else BinOp("and", guards[0], guards[1])
                 p(depth, f"T.where({render(cond, 'int32', own)})")
             reads = [l for l in _loads(nest.value)] + [l for i in nest.target.index for l in _loads(i)]
-            read_txt = ", ".join(dict.fromkeys(render(l, dtype) for l in reads))
+            bound_here = set(let_vars(nest.value))  # a lookup's search reads where its steps lead: the whole array
+            read_txt = ", ".join(dict.fromkeys(
+                _full(l.buffer, shapes) if any(isinstance(n, Var) and n.name in bound_here for n in walk(l)) else
+                render(l, dtype) for l in reads))
             p(depth, f"T.reads({read_txt})")
             p(depth, f"T.writes({render(nest.target, dtype)})")
             target = render(nest.target, dtype)
@@ -128,10 +132,13 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool, ta
             if nest.reduce is not None and (nest.init or atomic):
                 p(depth, "with T.init():")
                 p(depth + 1, f"{target} = {render(_identity(nest.reduce), target_dtype or dtype)}")
+            lets, value = hoist_lets(nest.value)  # a lookup's search: one statement per step
+            for var, bound in lets:
+                p(depth, f"{var.name}: T.int32 = {render(bound, 'int32')}")
             if nest.reduce is not None:
-                p(depth, f"{target} = {_combine(nest.reduce, target, render(nest.value, dtype))}")
+                p(depth, f"{target} = {_combine(nest.reduce, target, render(value, dtype))}")
             else:
-                p(depth, f"{target} = {render(nest.value, dtype)}")
+                p(depth, f"{target} = {render(value, dtype)}")
         else:
             p(depth, f"T.reads({', '.join(_full(n, shapes) for n in all_reads)})")
             p(depth, f"T.writes({_region(nest.target, shapes, bound_vars)})")

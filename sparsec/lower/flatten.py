@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Tuple
 
 from ..dtypes import DtypeSpec
-from ..expr import (BinOp, Call, Const, Expr, Load, Select, Var, cast, simplify_add, simplify_mul, transform,
+from ..expr import (BinOp, Call, Const, Expr, Let, Load, Select, Var, cast, simplify_add, simplify_mul, transform,
                     unpack_int4, walk)
+from .lookup import Lookup, expand_lookup
 from .positions import LoopNest, PositionProgram, extent_var, iv
 
 INDEX_DTYPE = "int32"
@@ -116,6 +117,8 @@ def _cast_values(e: Expr, value_dtype: Dict[str, str], out: str) -> Expr:
         return Call(e.fn, tuple(_cast_values(a, value_dtype, out) for a in e.args))
     if isinstance(e, Select):
         return Select(*(_cast_values(x, value_dtype, out) for x in (e.cond, e.then, e.other)))
+    if isinstance(e, Let):  # a lookup's search: its bound values are indices
+        return Let(e.var, e.value, _cast_values(e.body, value_dtype, out))
     return e
 
 
@@ -145,6 +148,8 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
         loops = {b.loop.name: iv(b.loop) for blk in nest.blocks for b in blk}
 
         def resolve(n, chain=chain, loops=loops, part=part, nest=nest):
+            if isinstance(n, Lookup):  # a dense nest's read of a sparse buffer at a coordinate
+                return expand_lookup(n, bound.format)
             if isinstance(n, Var) and n.name.startswith("pos:"):
                 names = [a.name for a in chain]
                 return flat_offset(chain, names.index(n.name[4:]), loops)

@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Tuple
 from ..dsl import IDENTITY, Access
 from ..expr import BinOp, Call, Const, Expr, Load, Select, Var, simplify_add, simplify_mul, transform
 from .bind import BoundIteration, BoundOperator, Loop, outer_of
+from .lookup import Lookup
 from .padding import neutral_iterations
 
 ROWS, COLS = Var("rows"), Var("cols")
@@ -268,9 +269,16 @@ def _lower_dense(it: BoundIteration) -> LoopNest:
     loops = [LoopIR(l, Const(l.extent) if l.extent is not None else extents[l.name]) for l in it.loops]
     by_axis = {a: iv(l.loop) for a, l in zip(it.axes, loops)}
     st = it.statement
+    lookups: List[Lookup] = []
 
-    def rewrite(acc: Access) -> Load:
-        return Load(acc.buffer.name, tuple(by_axis[a] for a in acc.axes))
+    def rewrite(acc: Access) -> Expr:
+        if acc.lookup:  # A[i, jd]: expanded for the format in stage III (lower.lookup)
+            col = acc.axes[1]
+            lookups.append(Lookup(acc.buffer.name, by_axis[acc.axes[0]], by_axis[col],
+                                  tuple(by_axis[a] for a in acc.axes[2:]), loops[it.axes.index(col)].loop.extent,
+                                  f"l__{it.name}_lk{len(lookups)}", acc.text))
+            return lookups[-1]
+        return Load(acc.buffer.name, tuple(rewrite(a) if isinstance(a, Access) else by_axis[a] for a in acc.axes))
 
     value = transform(st.value, lambda n: rewrite(n) if isinstance(n, Access) else None)
     # the first loop a block of its own, as a sparse nest's row loop; one block when it is a
