@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import numpy as np
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.ir import TensorLoad
@@ -148,7 +150,7 @@ def _fuse_one(func, epi, producers) -> Optional[tirx.PrimFunc]:
             return None
         s = block.body
         vmap = {e: v for e, v in zip(store.indices, s.indices)}
-        value = _rewrite(store.value, vmap, out, s.value)
+        value = _rewrite(store.value, vmap, out, _opaque(s.value))
         if any(v.same_as(o) for v in _vars(value) for o in own_vars):
             raise _Unfusable
         reads = list(block.reads) + [_point(l) for l in _loads(value) if not _reads_region(block.reads, l)]
@@ -162,6 +164,21 @@ def _fuse_one(func, epi, producers) -> Optional[tirx.PrimFunc]:
     body = new_seq[0] if len(new_seq) == 1 else tirx.SeqStmt(new_seq)
     block = with_fields(realize.block, body=body)
     return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
+
+
+def _opaque(value):
+    """A fill's constant (the identity a row without entries keeps) as the same bits read back
+    through CUDA's bit-cast intrinsic: TVM's simplifier folds ``0.0f / x`` to 0 and ``0.0f * x``
+    to 0, which is not IEEE (0 / 0 is NaN, 0 * inf is NaN), so a row-normalising epilogue
+    applied to an empty row's 0 would give 0 instead of its reference's NaN."""
+    casts = {"float32": ("int32", np.float32, "__int_as_float"),
+             "float64": ("int64", np.float64, "__longlong_as_double")}
+    dt = str(getattr(value, "dtype", None) or getattr(value, "ty", ""))
+    if not isinstance(value, pe.FloatImm) or dt not in casts:
+        return value
+    itype, ftype, fn = casts[dt]
+    raw = int(np.array(value.value, dtype=ftype).view(itype))
+    return tirx.call_pure_extern(dt, fn, tirx.IntImm(itype, raw))
 
 
 class _Unfusable(Exception):

@@ -200,6 +200,20 @@ def test_cuda_epilogue_after_parts_that_share_rows(cuda_sources):
     assert [_epilogue_in(body) for _, body in kernels] == [False] * (len(kernels) - 1) + [True]
 
 
+def test_cuda_epilogue_reaches_rows_that_no_part_holds():
+    """hyb whose parts own their rows: the row-normalising epilogue moves into the parts' launch
+    and into the fill, so an empty row gets 0 / deg = 0 / 0 = NaN as its reference does. TVM
+    folds ``0.0f / x`` to 0, so the fill's 0 is given as bits (found on the H100: the empty
+    rows were 0, the reference NaN)."""
+    src = sparsec.compile(row_normalised(), instance("hyb:1:1/2/4/8/16/32/64/128/256/512/1024"), feat=FEAT,
+                          target="cuda:sm_90a").source()
+    kernels = _kernels(src)
+    fills = [body for _, body in kernels if "C_ptr" in body and "B_ptr" not in body]
+    assert fills and all("__int_as_float(0) / deg_ptr" in body for body in fills), [k for k, _ in kernels]
+    ok, out = nvcc_sources({("rn", "sm_90a"): src})[("rn", "sm_90a")]
+    assert ok, out[-2000:]
+
+
 def test_cuda_sources_compile_with_nvcc(cuda_sources):
     results = nvcc_sources({(spec, "sm_90a"): src for spec, src in cuda_sources.items()})
     bad = {k: out[-2000:] for k, (ok, out) in results.items() if not ok}
