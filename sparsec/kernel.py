@@ -359,7 +359,15 @@ def logical_rows(op_name: str, A, outer: int) -> int:
         raise ValueError(f"{op_name}: the matrix has {rows} rows, which should be {outer} equal blocks of rows, one "
                          f"per coordinate of the structure's outer axis (its extent); build it with "
                          f"sparsec.formats.stack_rows(matrices) or stack_rows(adj, types, {outer})")
-    return rows // outer
+    lrows = rows // outer
+    parts = A.format.parts if isinstance(A, CompositeInstance) else (A.format,)
+    block = max(a.scale for p in parts for a in p.axes if a.dim == 0)
+    if lrows % block:  # the lowering reads r and i from a block's first row (lower.positions.stacked_coordinate)
+        raise ValueError(f"{op_name}: {A.format.spec} stores rows in blocks of {block}, and the matrix's {outer} "
+                         f"blocks of rows (one per coordinate of the structure's outer axis) have lrows = {lrows} "
+                         f"rows each, not a multiple of {block}: a block of {block} rows would straddle two of them; "
+                         f"pad each pattern to a multiple of {block} rows before stack_rows, or use csr, ell or hyb")
+    return lrows
 
 
 _GPU_VISIBLE: Optional[bool] = None

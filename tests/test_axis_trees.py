@@ -19,10 +19,10 @@ def _graph(n=29, seed=0):
     return a
 
 
-@pytest.mark.parametrize("fmt", ["csr", "hyb", "ell", "bsr:2x2"])
-def test_rgcn_matches_per_relation_reference(fmt):
+@pytest.mark.parametrize("fmt, n", [("csr", 29), ("hyb", 29), ("ell", 29), ("bsr:2x2", 30)])
+def test_rgcn_matches_per_relation_reference(fmt, n):
     rng = np.random.default_rng(1)
-    adj, rel = _graph(), 3
+    adj, rel = _graph(n), 3
     stacked = stack_rows(adj, rng.integers(0, rel, adj.nnz), rel).astype(np.float32)
     X = rng.standard_normal((adj.shape[1], 5)).astype(np.float32)
     W = rng.standard_normal((rel, 5, 7)).astype(np.float32)
@@ -52,7 +52,38 @@ def test_segment_contraction_is_one_cuda_kernel_that_compiles():
     src = k.source()
     assert "l__Zs" in src and "atomicAdd" in src  # the segment sums in shared memory, rows shared by relations
     assert src.count("__global__") // 2 == 2  # the output's fill, then one launch for every relation
-    nvcc_compile(src, "sm_90a")
+    ok, log = nvcc_compile(src, "sm_90a")
+    assert ok, log[-2000:]
+
+
+def test_batched_spmm_on_bsr_blocks_within_each_graph():
+    """BSR over a stacked structure: a block of rows lies in one graph (lrows = 28, blocks of 4),
+    r and i read from the block's first row; its CUDA kernel keeps a block's rows in registers."""
+    rng = np.random.default_rng(4)
+    mats = [_graph(28, seed=s)[:, :23] for s in range(3)]
+    X = rng.standard_normal((3, 23, 8)).astype(np.float32)
+    inst = convert(stack_rows(mats).astype(np.float32), "bsr:4x4")
+    k = sparsec.compile(ops.batched_spmm(), inst, target="llvm", batch=3, feat=8)
+    ref = np.stack([m.astype(np.float64) @ X[b] for b, m in enumerate(mats)])
+    assert max_rel_err(k(inst, X, poison=True), ref) < 1e-5
+    assert max_rel_err(evaluate(ops.batched_spmm(), inst, X, params=dict(batch=3, feat=8)), ref) < 1e-12
+
+
+def test_outer_axis_on_bsr_compiles_for_cuda():
+    from tests.nvcc_tools import nvcc_sources
+
+    sources = {(name, "sm_90a"): sparsec.compile(name, "bsr:4x4", target="cuda:sm_90a", **params).source()
+               for name, params in (("batched_spmm", dict(batch=3, feat=16)), ("rgcn", dict(rel=4, fin=16, fout=16)))}
+    assert "float C_local_ptr[16];" in sources[("batched_spmm", "sm_90a")]  # a block's 4 rows x 4 features per thread
+    for key, (ok, log) in nvcc_sources(sources).items():
+        assert ok, f"{key}: {log[-2000:]}"
+
+
+def test_blocks_of_rows_that_straddle_two_graphs_are_refused():
+    inst = convert(stack_rows([_graph(), _graph(seed=1)]).astype(np.float32), "bsr:2x2")  # lrows = 29
+    k = sparsec.compile(ops.batched_spmm(), inst, target="llvm", batch=2, feat=2)
+    with pytest.raises(ValueError, match=r"bsr:2x2 stores rows in blocks of 2.*lrows = 29.*pad each pattern"):
+        k(inst, np.zeros((2, 29, 2), np.float32))
 
 
 def test_refusals_name_the_construct():

@@ -48,6 +48,10 @@ def test_readme_python_blocks(tmp_path, monkeypatch):
     for code in blocks("python"):
         exec(compile(code, str(README), "exec"), namespace)  # noqa: S102
     assert namespace["Q"].format.spec.startswith("srbcrs") and namespace["Q"].value_dtype == "int4"
+    # the DSL section's relational (an axis above the rows) and multi-head examples ran, each
+    # checking itself against a per-relation / per-head scipy computation
+    assert namespace["Y_r"].shape == (200, 32) and namespace["A_rel"].format.spec == "bsr:4x4"
+    assert namespace["per_entry"].shape == (namespace["adj"].nnz, 4)
 
 
 @pytest.mark.slow

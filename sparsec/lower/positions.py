@@ -56,16 +56,54 @@ def row_extent(row_axis) -> Expr:
     return LROWS if row_axis.parent is not None else ROWS
 
 
-def stacked_coordinate(axis, row_axis, stacked_row: Expr) -> Optional[Expr]:
+def stacked_coordinate(axis, row_axis, stacked_row: Expr, in_block: Optional[Expr] = None) -> Optional[Expr]:
     """The coordinate of ``axis`` (the row axis or an axis above it) in a stacked row, or None
-    for any other axis: i = row % lrows, r = row // lrows."""
+    for any other axis: i = row % lrows, r = row // lrows.
+
+    ``in_block``: the row is ``stacked_row + in_block``, a block of rows (BSR's block rows, an
+    N:M or SR-BCRS vector) starting at ``stacked_row``, whose size divides lrows (the kernel
+    checks it before launch), so that a block never straddles two coordinates of the outer
+    axis: i = start % lrows + in_block, r = start // lrows. Why: r then does not depend on the
+    row in the block and i is affine in it, so a schedule can keep a block's results in
+    registers (TVM bounds the region it writes: one r, the block's rows); ``(start +
+    in_block) % lrows`` has no such bound."""
     if row_axis.parent is None:
-        return stacked_row if axis is row_axis else None
+        if axis is not row_axis:
+            return None
+        return stacked_row if in_block is None else simplify_add(stacked_row, in_block)
     if axis is row_axis:
-        return BinOp("%", stacked_row, LROWS)
+        if in_block is None:
+            return BinOp("%", stacked_row, LROWS)
+        return BinOp("+", BinOp("%", stacked_row, LROWS), in_block)
     if axis is row_axis.parent:
         return BinOp("//", stacked_row, LROWS)
     return None
+
+
+def row_block(chain) -> int:
+    """Rows per block of a format's chain: the largest scale of its row axes (1 for formats that
+    store rows one by one; BSR's block rows, an N:M or SR-BCRS vector's rows otherwise)."""
+    return max((a.scale for a in chain if a.dim == 0), default=1)
+
+
+def _split_rows(chain_loops) -> Optional[Tuple[Expr, Expr]]:
+    """The row coordinate as (block start, row in the block) where the chain stores rows in
+    blocks whose in-block axes stay inside one block (dense axes of known extent); else None."""
+    rows = [l for l in chain_loops if l.fmt_axis.dim == 0]
+    block = row_block([l.fmt_axis for l in rows])
+    if block == 1:
+        return None
+    start, inner, span = Const(0), Const(0), 0
+    for l in rows:
+        fa = l.fmt_axis
+        if fa.scale % block == 0:
+            start = simplify_add(start, simplify_mul(_coordinate(l), Const(fa.scale)))
+            continue
+        if fa.sparse or fa.variable or getattr(fa, "extent", None) is None:
+            return None
+        inner = simplify_add(inner, simplify_mul(_coordinate(l), Const(fa.scale)))
+        span += (fa.extent - 1) * fa.scale
+    return (start, inner) if span < block else None
 
 
 def pos(axis_name: str) -> Var:
@@ -191,6 +229,9 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
         d = l.fmt_axis.dim
         coord[d] = simplify_add(coord[d], simplify_mul(_coordinate(l), Const(l.fmt_axis.scale)))
     overhang = {d: any(l.fmt_axis.dim == d and l.fmt_axis.scale > 1 for l in chain_loops) for d in (0, 1)}
+    block_rows = _split_rows(chain_loops) if it.row_axis.parent is not None else None
+    row_at = (lambda a: stacked_coordinate(a, it.row_axis, *block_rows)) if block_rows else \
+        (lambda a: stacked_coordinate(a, it.row_axis, coord[0]))
     by_axis = {l.name: l for l in it.loops}
     st = it.statement
 
@@ -202,8 +243,8 @@ def _lower(bound: BoundOperator, it: BoundIteration, init: bool, slot_mask: str 
         for a in acc.axes:
             if isinstance(a, Access):  # an indirect index: the value of an integer input
                 idx.append(rewrite_access(a))
-            elif stacked_coordinate(a, it.row_axis, coord[0]) is not None:
-                idx.append(stacked_coordinate(a, it.row_axis, coord[0]))
+            elif row_at(a) is not None:
+                idx.append(row_at(a))
             elif a is it.col_axis:
                 idx.append(coord[1])
             else:
