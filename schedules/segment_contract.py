@@ -15,9 +15,10 @@ segments x F x G + entries x F, and Q is read once per run of segments that shar
 instead of once per entry -- RGCN's ``A[r, i, j] * X[j, f] * W[r, f, g]``: SparseTIR's
 "aggregate, then transform", in one launch.
 
-The kernel (blocks (bx, s): 256 root positions bx * 256 + tid, split s of SPLITS along
-blockIdx.y): a segment's entries are cut in chunks of CHUNK and chunk c belongs to split
-c mod SPLITS (``schedules.segment_split``), so a power-law graph's hub rows, which sit
+The kernel (block bx * SPLITS + s: root positions bx * 256 + tid, split s of SPLITS; the
+splits of one group are adjacent, so a hub group's blocks all start early): a segment's
+entries are cut in chunks of CHUNK and chunk c belongs to split c mod SPLITS
+(``schedules.segment_split``), so a power-law graph's hub rows, which sit
 together in a few groups of positions, are summed by SPLITS blocks instead of one. Block
 (bx, s) keeps the segments it holds entries of (count > s * CHUNK): a block that holds none
 (most blocks with s > 0) leaves after one barrier (``__syncthreads_or``); the others compact
@@ -45,13 +46,15 @@ from .segment_split import Partition, Sym
 THREADS = 256  # threads per block, and root positions per block (one flag each in the scan)
 PER_THREAD = 4  # segments of a thread's register tile
 SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, less the scan's)
-# The split of long segments (``schedules.segment_split``). CHUNK: 16 entries a thread sums
-# with their loads in flight together, 16x fewer dependent memory round trips on a long
-# segment; STEP: 4, the unrolled step of a segment's last chunk, so a typical short segment
-# (a few entries) wastes at most 3 guarded slots. SPLITS: 8 blocks along blockIdx.y per
-# group of root positions; with CHUNK that cuts a 1670-entry segment (R-MAT s18's longest)
-# to 13 runs of 16 per block. More splits shorten the heaviest blocks further but launch
-# 7 more (mostly empty, exiting after one barrier) blocks per group already at 8.
+# The split of long segments (``schedules.segment_split``), constants (the kernel is written
+# before schedule knobs apply; benchmarks/check_segment_split.py times other values).
+# CHUNK 16: entries a thread sums with their loads in flight together, 16x fewer dependent
+# memory round trips along a long segment. STEP 4: the unrolled step of a segment's last,
+# partial chunk, so a typical short segment (R-MAT s18: 5.5 entries) wastes at most 3 guarded
+# slots. SPLITS 8: blocks per group of 256 root positions; with CHUNK, R-MAT s18's heaviest
+# group (24.6K entries, 54x the mean) leaves each block ~1/8 of it in runs of 16. More splits
+# shorten the heaviest blocks further, but every split adds a block per group that, for
+# nearly every group, only loads its counts and leaves.
 SPLITS, CHUNK, STEP = 8, 16, 4
 
 
@@ -154,7 +157,7 @@ def partition(c: Contraction) -> Partition:
     return Partition(SPLITS if c.atomic else 1, CHUNK, STEP)
 
 
-_LOCALS = ("sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
+_LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
            "t", "t0", "a", "b", "back", "sgt", "sgq")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
@@ -221,12 +224,13 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
                             if {guard_p0}:
                                 {identity}""" % c.G
     text = f"""
-for bx in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS}, thread="blockIdx.x"):
-    for sp in T.thread_binding({part.splits}, thread="blockIdx.y"):
+for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
         for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
             with T.sblock("{{name}}"):
                 T.reads({{reads}})
                 T.writes({{writes}})
+                bx: T.int32 = bs // {part.splits}
+                sp: T.int32 = bs % {part.splits}
                 sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 rs = T.alloc_buffer(({TS},), "int32", scope="shared")

@@ -3,7 +3,7 @@ partition written once, rendered into the kernel (``schedules.segment_contract``
 walked in Python by the tests, so both follow the same arithmetic.
 
 A segment's entries [0, count) are cut in chunks of ``chunk`` consecutive entries; chunk c
-belongs to split s = c mod ``splits`` (blockIdx.y). Split s therefore holds a segment iff
+belongs to split s = c mod ``splits`` (one block per split). Split s therefore holds a segment iff
 count > s * chunk, and its k-th chunk starts at entry (s + k * splits) * chunk. A full chunk
 is summed as one unrolled run (its loads in flight together); the segment's last, partial
 chunk in unrolled steps of ``step`` entries, each entry guarded by q < count.
@@ -46,7 +46,7 @@ Int = Union[int, Sym]
 
 @dataclass(frozen=True)
 class Partition:
-    splits: int  # S: blocks along blockIdx.y that share each group of root positions
+    splits: int  # S: blocks that share each group of root positions
     chunk: int  # C: entries of one unrolled run
     step: int  # V: entries of one unrolled step of a segment's last, partial chunk
 

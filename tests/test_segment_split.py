@@ -1,6 +1,8 @@
 """The segment contraction's split of long segments over blocks (``schedules.segment_split``):
 every entry of every segment summed exactly once, the kernel's rendered arithmetic equal to
 the model's, and the CUDA kernel with and without splits compiling for sm_90a."""
+import re
+
 import numpy as np
 import pytest
 
@@ -77,10 +79,11 @@ def test_split_kernel_for_atomic_outputs_and_one_split_for_owned_rows_compile():
     shared_rows = sparsec.compile(ops.rgcn(), stacked, target="cuda", rel=4, fin=64, fout=16).source()
     owned = sparsec.compile(_owned_rows_op(), convert(adj.astype(np.float32), "ell"), target="cuda",
                             fin=8, fout=40).source()
-    assert segment_contract.SPLITS > 1
-    assert f"((int)blockIdx.y) * {segment_contract.CHUNK}" in shared_rows  # split s holds counts > s * C
-    assert "blockIdx.y" in shared_rows and "atomicAdd" in shared_rows and "__syncthreads_or" in shared_rows
-    assert "l__Zs" in owned and "blockIdx.y" not in owned and "atomicAdd" not in owned
+    S, C = segment_contract.SPLITS, segment_contract.CHUNK
+    assert S > 1 and re.search(rf"l__sp_ptr\[0\] = \(\(\(int\)blockIdx\.x\) (& {S - 1}|% {S})\)", shared_rows)
+    assert f"(l__sp_ptr[0] * {C}) < l__cnt_ptr[0]" in shared_rows  # split s keeps the segments longer than s * C
+    assert "atomicAdd" in shared_rows and "__syncthreads_or" in shared_rows
+    assert "l__Zs" in owned and "l__sp_ptr[0] = 0;" in owned and "atomicAdd" not in owned
     results = nvcc_sources({("rgcn", "sm_90a"): shared_rows, ("owned", "sm_90a"): owned})
     for key, (ok, output) in results.items():
         assert ok, f"{key}: {output[-2000:]}"
