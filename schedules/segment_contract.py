@@ -153,8 +153,12 @@ def partition(c: Contraction) -> Partition:
     """How ``c``'s segments are split. Only an output that is added atomically may take
     partial sums from several blocks; one that is stored (owned rows, each written once, its
     empty rows given the identity) keeps each segment in one block: a store and an
-    atomicAdd from different blocks into one element would race."""
-    return Partition(SPLITS if c.atomic else 1, CHUNK, STEP)
+    atomicAdd from different blocks into one element would race. Segments of a width known
+    at compile time (ell, hyb's buckets) take no more splits than they have chunks."""
+    splits = SPLITS if c.atomic else 1
+    if isinstance(c.entry_extent, Const):
+        splits = max(1, min(splits, -(-int(c.entry_extent.value) // CHUNK)))
+    return Partition(splits, CHUNK, STEP)
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",

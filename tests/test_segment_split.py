@@ -73,10 +73,10 @@ def _owned_rows_op():
     return op
 
 
-def test_split_kernel_for_atomic_outputs_and_one_split_for_owned_rows_compile():
+def test_split_kernel_for_atomic_outputs_one_split_for_owned_rows_and_narrow_segments():
     adj = _graph()
-    stacked = convert(stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32), "csr")
-    shared_rows = sparsec.compile(ops.rgcn(), stacked, target="cuda", rel=4, fin=64, fout=16).source()
+    stacked = stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32)
+    shared_rows = sparsec.compile(ops.rgcn(), convert(stacked, "csr"), target="cuda", rel=4, fin=64, fout=16).source()
     owned = sparsec.compile(_owned_rows_op(), convert(adj.astype(np.float32), "ell"), target="cuda",
                             fin=8, fout=40).source()
     S, C = segment_contract.SPLITS, segment_contract.CHUNK
@@ -84,6 +84,8 @@ def test_split_kernel_for_atomic_outputs_and_one_split_for_owned_rows_compile():
     assert f"(l__sp_ptr[0] * {C}) < l__cnt_ptr[0]" in shared_rows  # split s keeps the segments longer than s * C
     assert "atomicAdd" in shared_rows and "__syncthreads_or" in shared_rows
     assert "l__Zs" in owned and "l__sp_ptr[0] = 0;" in owned and "atomicAdd" not in owned
+    narrow = sparsec.compile(ops.rgcn(), convert(stacked, "rell:4,dup"), target="cuda", rel=4, fin=8, fout=8).source()
+    assert "l__sp_ptr[0] = 0;" in narrow  # segments of at most 4 entries: one chunk, one split
     results = nvcc_sources({("rgcn", "sm_90a"): shared_rows, ("owned", "sm_90a"): owned})
     for key, (ok, output) in results.items():
         assert ok, f"{key}: {output[-2000:]}"
