@@ -15,12 +15,23 @@ segments x F x G + entries x F, and Q is read once per run of segments that shar
 instead of once per entry -- RGCN's ``A[r, i, j] * X[j, f] * W[r, f, g]``: SparseTIR's
 "aggregate, then transform", in one launch.
 
-The kernel (one thread block per 256 root positions): the non-empty segments are compacted
-(a scan in shared memory), then, 32 or 64 at a time, each segment's Z row is summed by the
-threads over f, and every run of consecutive segments with the same Q slice loads the slice
-into shared memory once and multiplies its Z rows by it, a register tile of 4 segments x
-G/32 columns per thread. Outputs that several root positions reach are added atomically
-(the program's fill nest set them to the identity); others are stored, empty rows included.
+The kernel (block bx * SPLITS + s: root positions bx * 256 + tid, split s of SPLITS; the
+splits of one group are adjacent, so a hub group's blocks all start early): a segment's
+entries are cut in chunks of CHUNK and chunk c belongs to split c mod SPLITS
+(``schedules.segment_split``), so a power-law graph's hub rows, which sit
+together in a few groups of positions, are summed by SPLITS blocks instead of one. Block
+(bx, s) keeps the segments it holds entries of (count > s * CHUNK): a block that holds none
+(most blocks with s > 0) leaves after one barrier (``__syncthreads_or``); the others compact
+theirs (a scan in shared memory), then, 32 or 64 at a time, each segment's partial Z row is
+summed by the threads over f -- a whole chunk as one unrolled run, its loads in flight
+together, the last partial chunk in guarded unrolled steps -- and every run of consecutive
+segments with the same Q slice loads the slice into shared memory once and multiplies its Z
+rows by it, a register tile of 4 segments x G/32 columns per thread. Partial sums from
+several blocks are correct by linearity where the output is added atomically (root
+positions that share an output row; the program's fill nest set it to the identity). An
+output that is stored (each row owned by one root position, empty rows given the identity
+here) keeps SPLITS = 1: a store and an atomicAdd into one element from different blocks
+would race.
 """
 from __future__ import annotations
 
@@ -30,9 +41,21 @@ from typing import Dict, List, Optional, Tuple
 
 from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
 
+from .segment_split import Partition, Sym
+
 THREADS = 256  # threads per block, and root positions per block (one flag each in the scan)
 PER_THREAD = 4  # segments of a thread's register tile
 SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, less the scan's)
+# The split of long segments (``schedules.segment_split``), constants (the kernel is written
+# before schedule knobs apply; benchmarks/check_segment_split.py times other values).
+# CHUNK 16: entries a thread sums with their loads in flight together, 16x fewer dependent
+# memory round trips along a long segment. STEP 4: the unrolled step of a segment's last,
+# partial chunk, so a typical short segment (R-MAT s18: 5.5 entries) wastes at most 3 guarded
+# slots. SPLITS 8: blocks per group of 256 root positions; with CHUNK, R-MAT s18's heaviest
+# group (24.6K entries, 54x the mean) leaves each block ~1/8 of it in runs of 16. More splits
+# shorten the heaviest blocks further, but every split adds a block per group that, for
+# nearly every group, only loads its counts and leaves.
+SPLITS, CHUNK, STEP = 8, 16, 4
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,19 @@ def match(nest, program) -> Optional[Contraction]:
                        p, q, key, nest.target, nest.write_guard, bool(nest.atomic or not nest.init))
 
 
-_LOCALS = ("sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
+def partition(c: Contraction) -> Partition:
+    """How ``c``'s segments are split. Only an output that is added atomically may take
+    partial sums from several blocks; one that is stored (owned rows, each written once, its
+    empty rows given the identity) keeps each segment in one block: a store and an
+    atomicAdd from different blocks into one element would race. Segments of a width known
+    at compile time (ell, hyb's buckets) take no more splits than they have chunks."""
+    splits = SPLITS if c.atomic else 1
+    if isinstance(c.entry_extent, Const):
+        splits = max(1, min(splits, -(-int(c.entry_extent.value) // CHUNK)))
+    return Partition(splits, CHUNK, STEP)
+
+
+_LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
            "t", "t0", "a", "b", "back", "sgt", "sgq")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
@@ -151,11 +186,20 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
     P = PREFIX
     root, entry, spatial, reduced = (f"v_{x}" for x in (c.root, c.entry, c.spatial, c.reduced))
     n_root = render(c.root_extent, "int32")
+    part = partition(c)
+    sp, cnt, base = Sym(P + "sp"), Sym(P + "cnt[0]"), Sym(P + "base")
+    near = {root: P + "p", reduced: P + "f"}
     x = {
         "name": nest.name, "reads": ", ".join(reads), "writes": writes, "dtype": dtype, "n_root": n_root,
         "count_p0": render(c.entry_extent, "int32", {root: P + "p0"}),
         "count_p": render(c.entry_extent, "int32", {root: P + "p"}),
-        "near": render(c.near, dtype, {root: P + "p", entry: P + "q", reduced: P + "f"}),
+        "holds": str(part.holds(cnt, sp)),
+        "chunks": str(part.chunks(cnt, sp)),
+        "first": str(part.first(sp, Sym(P + "kc"))),
+        "full": str(part.full(cnt, base)),
+        "steps": str(part.steps(cnt, base)),
+        "near_full": render(c.near, dtype, {**near, entry: f"({P}base + {P}u)"}),
+        "near_step": render(c.near, dtype, {**near, entry: f"({P}base + {P}v * {part.step} + {P}u)"}),
         "far": render(c.far, dtype, {root: f"{P}sg[{P}ch * {TS} + {P}t0]", reduced: P + "f", spatial: P + "g"}),
         "key_change": " or ".join(
             f"({render(k, 'int32', {root: P + 'sgt'})}) != ({render(k, 'int32', {root: P + 'sgq'})})"
@@ -173,108 +217,120 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
     s = 1
     while s < THREADS:
         scan += f"""
-            T.tvm_storage_sync("shared")
-            tmp[0] = sc[tid] + T.if_then_else(tid >= {s}, sc[T.max(tid - {s}, 0)], 0)
-            T.tvm_storage_sync("shared")
-            sc[tid] = tmp[0]"""
+                    T.tvm_storage_sync("shared")
+                    tmp[0] = sc[tid] + T.if_then_else(tid >= {s}, sc[T.max(tid - {s}, 0)], 0)
+                    T.tvm_storage_sync("shared")
+                    sc[tid] = tmp[0]"""
         s *= 2
     owned = "" if c.atomic else """
-            if p0 < {n_root}:
-                if {count_p0} == 0:
-                    for g in range(%d):
-                        if {guard_p0}:
-                            {identity}""" % c.G
+                    if cnt[0] == 0:
+                        for g in range(%d):
+                            if {guard_p0}:
+                                {identity}""" % c.G
     text = f"""
-for bx in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS}, thread="blockIdx.x"):
-    for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
-        with T.sblock("{{name}}"):
-            T.reads({{reads}})
-            T.writes({{writes}})
-            sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
-            sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
-            rs = T.alloc_buffer(({TS},), "int32", scope="shared")
-            Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
-            Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared")
-            acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
-            tmp = T.alloc_buffer((1,), "int32", scope="local")
-            z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
-            ns = T.alloc_buffer((1,), "int32", scope="local")
-            rv = T.alloc_buffer((1,), "int32", scope="local")
-            rw = T.alloc_buffer((1,), "int32", scope="local")
-            p0: T.int32 = bx * {THREADS} + tid
-            sc[tid] = 0
-            if p0 < {{n_root}}:
-                if {{count_p0}} > 0:
-                    sc[tid] = 1{owned}{scan}
-            T.tvm_storage_sync("shared")
-            if p0 < {{n_root}}:
-                if {{count_p0}} > 0:
-                    sg[sc[tid] - 1] = p0
-            ns[0] = sc[{THREADS - 1}]
-            T.tvm_storage_sync("shared")
-            for ch in range({THREADS // TS}):
-                if ch * {TS} < ns[0]:
-                    for k in range({-(-TS * c.F // THREADS)}):
-                        e: T.int32 = tid + k * {THREADS}
-                        if e < {TS * c.F}:
-                            if ch * {TS} + e // {c.F} < ns[0]:
-                                p: T.int32 = sg[ch * {TS} + e // {c.F}]
-                                f: T.int32 = e % {c.F}
-                                z[0] = T.{{dtype}}(0)
-                                for q in range({{count_p}}):
-                                    z[0] = z[0] + {{near}}
-                                Zs[e // {c.F}, f] = z[0]
-                            else:
-                                Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
-                    if tid < {TS}:
-                        t: T.int32 = tid
-                        rs[t] = -2
-                        if ch * {TS} + t < ns[0]:
-                            rs[t] = T.if_then_else(t == 0, 0, -1)
-                            if t > 0:
-                                sgt: T.int32 = sg[ch * {TS} + t]
-                                sgq: T.int32 = sg[ch * {TS} + t - 1]
-                                if {{key_change}}:
-                                    rs[t] = t
+for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
+        for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
+            with T.sblock("{{name}}"):
+                T.reads({{reads}})
+                T.writes({{writes}})
+                bx: T.int32 = bs // {part.splits}
+                sp: T.int32 = bs % {part.splits}
+                sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
+                sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
+                rs = T.alloc_buffer(({TS},), "int32", scope="shared")
+                Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
+                Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared")
+                acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
+                tmp = T.alloc_buffer((1,), "int32", scope="local")
+                cnt = T.alloc_buffer((1,), "int32", scope="local")
+                z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
+                ns = T.alloc_buffer((1,), "int32", scope="local")
+                rv = T.alloc_buffer((1,), "int32", scope="local")
+                rw = T.alloc_buffer((1,), "int32", scope="local")
+                p0: T.int32 = bx * {THREADS} + tid
+                cnt[0] = 0
+                if p0 < {{n_root}}:
+                    cnt[0] = {{count_p0}}{owned}
+                sc[tid] = T.if_then_else({{holds}}, 1, 0)
+                rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0))
+                if rv[0] != 0:{scan}
                     T.tvm_storage_sync("shared")
-                    if tid < {TS}:
-                        tmp[0] = rs[tid]
-                        for back in range({TS}):
-                            if tmp[0] == -1:
-                                rv[0] = rs[T.max(tid - back - 1, 0)]
-                                if rv[0] != -1:
-                                    tmp[0] = rv[0]
+                    if {{holds}}:
+                        sg[sc[tid] - 1] = p0
+                    ns[0] = sc[{THREADS - 1}]
                     T.tvm_storage_sync("shared")
-                    if tid < {TS}:
-                        rs[tid] = tmp[0]
-                    T.tvm_storage_sync("shared")
-                    for t0 in range({TS}):
-                        rv[0] = rs[t0]
-                        if rv[0] == t0:
-                            for k in range({-(-c.F * c.G // THREADS)}):
+                    for ch in range({THREADS // TS}):
+                        if ch * {TS} < ns[0]:
+                            for k in range({-(-TS * c.F // THREADS)}):
                                 e: T.int32 = tid + k * {THREADS}
-                                if e < {c.F * c.G}:
-                                    f: T.int32 = e // {c.G}
-                                    g: T.int32 = e % {c.G}
-                                    Ws[f, g] = {{far}}
+                                if e < {TS * c.F}:
+                                    if ch * {TS} + e // {c.F} < ns[0]:
+                                        p: T.int32 = sg[ch * {TS} + e // {c.F}]
+                                        f: T.int32 = e % {c.F}
+                                        cnt[0] = {{count_p}}
+                                        z[0] = T.{{dtype}}(0)
+                                        for kc in range({{chunks}}):
+                                            base: T.int32 = {{first}}
+                                            if {{full}}:
+                                                for u in T.unroll({part.chunk}):
+                                                    z[0] = z[0] + {{near_full}}
+                                            else:
+                                                for v in range({{steps}}):
+                                                    for u in T.unroll({part.step}):
+                                                        if base + v * {part.step} + u < cnt[0]:
+                                                            z[0] = z[0] + {{near_step}}
+                                        Zs[e // {c.F}, f] = z[0]
+                                    else:
+                                        Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
+                            if tid < {TS}:
+                                t: T.int32 = tid
+                                rs[t] = -2
+                                if ch * {TS} + t < ns[0]:
+                                    rs[t] = T.if_then_else(t == 0, 0, -1)
+                                    if t > 0:
+                                        sgt: T.int32 = sg[ch * {TS} + t]
+                                        sgq: T.int32 = sg[ch * {TS} + t - 1]
+                                        if {{key_change}}:
+                                            rs[t] = t
                             T.tvm_storage_sync("shared")
-                            for a, b in T.grid({PER_THREAD}, {BG}):
-                                acc[a, b] = T.{{dtype}}(0)
-                            for f in range({c.F}):
-                                for a, b in T.grid({PER_THREAD}, {BG}):
-                                    acc[a, b] = acc[a, b] + Zs[tid // {GT} * {PER_THREAD} + a, f] * Ws[f, T.min(tid % {GT} + b * {GT}, {c.G - 1})]
-                            for a, b in T.grid({PER_THREAD}, {BG}):
-                                t: T.int32 = tid // {GT} * {PER_THREAD} + a
-                                g: T.int32 = tid % {GT} + b * {GT}
-                                if g < {c.G}:
-                                    if t < ns[0] - ch * {TS}:
-                                        rw[0] = rs[t]
-                                        if rw[0] == t0:
-                                            p: T.int32 = sg[ch * {TS} + t]
-                                            if {{guard_p}}:
-                                                {{store}}
+                            if tid < {TS}:
+                                tmp[0] = rs[tid]
+                                for back in range({TS}):
+                                    if tmp[0] == -1:
+                                        rv[0] = rs[T.max(tid - back - 1, 0)]
+                                        if rv[0] != -1:
+                                            tmp[0] = rv[0]
                             T.tvm_storage_sync("shared")
-                    T.tvm_storage_sync("shared")
+                            if tid < {TS}:
+                                rs[tid] = tmp[0]
+                            T.tvm_storage_sync("shared")
+                            for t0 in range({TS}):
+                                rv[0] = rs[t0]
+                                if rv[0] == t0:
+                                    for k in range({-(-c.F * c.G // THREADS)}):
+                                        e: T.int32 = tid + k * {THREADS}
+                                        if e < {c.F * c.G}:
+                                            f: T.int32 = e // {c.G}
+                                            g: T.int32 = e % {c.G}
+                                            Ws[f, g] = {{far}}
+                                    T.tvm_storage_sync("shared")
+                                    for a, b in T.grid({PER_THREAD}, {BG}):
+                                        acc[a, b] = T.{{dtype}}(0)
+                                    for f in range({c.F}):
+                                        for a, b in T.grid({PER_THREAD}, {BG}):
+                                            acc[a, b] = acc[a, b] + Zs[tid // {GT} * {PER_THREAD} + a, f] * Ws[f, T.min(tid % {GT} + b * {GT}, {c.G - 1})]
+                                    for a, b in T.grid({PER_THREAD}, {BG}):
+                                        t: T.int32 = tid // {GT} * {PER_THREAD} + a
+                                        g: T.int32 = tid % {GT} + b * {GT}
+                                        if g < {c.G}:
+                                            if t < ns[0] - ch * {TS}:
+                                                rw[0] = rs[t]
+                                                if rw[0] == t0:
+                                                    p: T.int32 = sg[ch * {TS} + t]
+                                                    if {{guard_p}}:
+                                                        {{store}}
+                                    T.tvm_storage_sync("shared")
+                            T.tvm_storage_sync("shared")
 """
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)

@@ -1,0 +1,91 @@
+"""The segment contraction's split of long segments over blocks (``schedules.segment_split``):
+every entry of every segment summed exactly once, the kernel's rendered arithmetic equal to
+the model's, and the CUDA kernel with and without splits compiling for sm_90a."""
+import re
+
+import numpy as np
+import pytest
+
+import sparsec
+from sparsec import dsl, ops
+from sparsec.formats import convert, stack_rows
+from sparsec.schedules import segment_contract
+from sparsec.schedules.segment_split import Partition, Sym
+from tests.nvcc_tools import nvcc_sources
+from tests.test_axis_trees import _graph
+
+PARTITIONS = [Partition(segment_contract.SPLITS, segment_contract.CHUNK, segment_contract.STEP),
+              Partition(16, 32, 8), Partition(3, 4, 2), Partition(1, 16, 4), Partition(2, 1, 1)]
+
+
+def _lengths(p: Partition):
+    S, C = p.splits, p.chunk
+    rng = np.random.default_rng(0)
+    return sorted({0, 1, C - 1, C, C + 1, S * C - 1, S * C, S * C + 1, 2 * S * C + C - 1, 5000,
+                   *rng.integers(0, 6 * S * C, 20).tolist()} - {-1})
+
+
+@pytest.mark.parametrize("p", PARTITIONS, ids=str)
+def test_every_entry_is_summed_by_exactly_one_split(p):
+    for count in _lengths(p):
+        walked = [p.entries(count, s) for s in range(p.splits)]
+        assert sorted(q for w in walked for q in w) == list(range(count)), count
+        for s, w in enumerate(walked):
+            assert bool(w) == p.holds(count, s), (count, s)  # a block keeps exactly the segments it sums
+            assert all(q // p.chunk % p.splits == s for q in w)  # chunk c belongs to split c mod S
+
+
+@pytest.mark.parametrize("p", PARTITIONS[:3], ids=str)
+def test_rendered_arithmetic_is_the_model_arithmetic(p):
+    """The text the kernel computes with (int32 floor division, as Python's ``//``) gives the
+    model's numbers, for every split of segments of every length."""
+    n, s, k, b = Sym("n"), Sym("s"), Sym("k"), Sym("b")
+    text = {name: str(fn) for name, fn in (("holds", p.holds(n, s)), ("chunks", p.chunks(n, s)),
+                                            ("first", p.first(s, k)), ("full", p.full(n, b)), ("steps", p.steps(n, b)))}
+    for count in _lengths(p):
+        for si in range(p.splits):
+            env = {"n": count, "s": si, "k": 1, "b": p.first(si, 1)}
+            assert eval(text["holds"], env) == p.holds(count, si)
+            if p.holds(count, si):
+                assert eval(text["chunks"], env) == p.chunks(count, si)
+            assert eval(text["first"], env) == p.first(si, 1)
+            assert eval(text["full"], env) == p.full(count, env["b"])
+            assert eval(text["steps"], env) == p.steps(count, env["b"])
+
+
+def test_a_partition_with_bad_sizes_is_refused():
+    with pytest.raises(ValueError, match="step dividing chunk"):
+        Partition(4, 16, 5)
+    with pytest.raises(ValueError, match="positive sizes"):
+        Partition(0, 16, 4)
+
+
+def _owned_rows_op():
+    """Y[i, g] = sum_j A[i, j] sum_f X[j, f] W[f, g]: a contraction whose rows are owned (stored)."""
+    op = dsl.Operator("spmm_then_w", "Y[i, g] = sum_j A[i, j] * sum_f X[j, f] * W[f, g]")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    F, G = op.dense_fixed("f", extent="fin"), op.dense_fixed("g", extent="fout")
+    A, X = op.sparse_input("A", (I, J)), op.dense_input("X", (J, F))
+    W, Y = op.dense_input("W", (F, G)), op.dense_output("Y", (I, G))
+    with op.iterate([I, J, G, F], "SRSR") as (i, j, g, f):
+        Y[i, g] += A[i, j] * X[j, f] * W[f, g]
+    return op
+
+
+def test_split_kernel_for_atomic_outputs_one_split_for_owned_rows_and_narrow_segments():
+    adj = _graph()
+    stacked = stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32)
+    shared_rows = sparsec.compile(ops.rgcn(), convert(stacked, "csr"), target="cuda", rel=4, fin=64, fout=16).source()
+    owned = sparsec.compile(_owned_rows_op(), convert(adj.astype(np.float32), "ell"), target="cuda",
+                            fin=8, fout=40).source()
+    S, C = segment_contract.SPLITS, segment_contract.CHUNK
+    assert S > 1 and re.search(rf"l__sp_ptr\[0\] = \(\(\(int\)blockIdx\.x\) (& {S - 1}|% {S})\)", shared_rows)
+    assert f"(l__sp_ptr[0] * {C}) < l__cnt_ptr[0]" in shared_rows  # split s keeps the segments longer than s * C
+    assert "atomicAdd" in shared_rows and "__syncthreads_or" in shared_rows
+    assert "l__Zs" in owned and "l__sp_ptr[0] = 0;" in owned and "atomicAdd" not in owned
+    narrow = sparsec.compile(ops.rgcn(), convert(stacked, "rell:4,dup"), target="cuda", rel=4, fin=8, fout=8).source()
+    assert "l__sp_ptr[0] = 0;" in narrow  # segments of at most 4 entries: one chunk, one split
+    results = nvcc_sources({("rgcn", "sm_90a"): shared_rows, ("owned", "sm_90a"): owned})
+    for key, (ok, output) in results.items():
+        assert ok, f"{key}: {output[-2000:]}"
