@@ -100,11 +100,12 @@ def gat_format(adj: sp.spmatrix) -> str:
     of gathers. An H100 holds about 17K such groups at once: a graph of n nodes is done in
     about n / 17K waves of mean-length rows, and a row longer than 32x the mean outlasts them
     up to n ~ 500K nodes (R-MAT s18: 262K nodes, mean 29, longest 25.6K: the hub's chain is
-    ~50x the ~15 waves of the other rows; a mesh's rows never reach 32x the mean). hyb splits such rows into pieces
-    of its widest bucket, added atomically, at the price of twice the launches (a zero-fill
-    before each split reduction) and atomics: under 256 entries the longest row costs a few
-    microseconds, less than those launches, so small or even graphs stay on CSR. Thresholds
-    from this estimate, not a sweep: ``examples/gat.py --format csr|hyb`` measures both."""
+    ~50x the ~15 waves of the other rows; a mesh's rows never reach 32x the mean). hyb splits
+    such rows into pieces of its widest bucket, added atomically, at the price of more
+    launches (a zero-fill before each split reduction: 14 instead of 8 per layer and training
+    step) and atomics: under 256 entries the longest row costs a few microseconds, less than
+    those launches, so small or even graphs stay on CSR. Thresholds from this estimate, not a
+    sweep: ``examples/gat.py --format csr|hyb`` measures both."""
     m = sp.csr_matrix(adj)
     if m.nnz == 0:
         return "csr"
