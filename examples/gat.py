@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A two-layer GAT (64 -> 64 -> 16; 4 heads concatenated in layer 1, 1 head in layer 2) with
-sparsec (``sparsec.torch.GATConv``: each layer's aggregation one operator, ``ops.gat``) and
+sparsec (``sparsec.torch.GATConv``: each layer's aggregation one operator, ``ops.gat``, its
+backward pass two more, ``ops.gat_grad_rows`` and ``ops.gat_grad_cols``) and
 with PyG's ``GATConv`` on the same weights: outputs and gradients checked against PyG's, then
 forward (no grad) and one training step (forward, cross-entropy, backward, SGD) timed for both.
 
@@ -102,15 +103,24 @@ def grads(torch, model, x, g, labels):
                                                              model.l2.att_dst, model.l2.bias)]
 
 
-def gat_launches(A, heads: int, feat: int):
-    """Kernel launches of one GAT layer's aggregation (``ops.gat``) on CUDA for A's format."""
+def gat_launches(A, heads: int, feat: int, slope: float):
+    """Kernel launches of one GAT layer on CUDA for A's format: (forward without grad, ``ops.gat``;
+    training step: ``gat(stats=True)`` on A, then ``gat_grad_rows`` on A and ``gat_grad_cols``
+    on A's transpose). Read from the kernels the run compiled."""
     import re
 
     from sparsec import ops
     from sparsec.torch_launch import compiled
 
-    k = compiled(ops.gat().name, A.key, "float32", (("feat", feat), ("heads", heads)), "cuda")
-    return len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", k.source())))
+    params = (("feat", feat), ("heads", heads))
+
+    def count(op, key):
+        k = compiled(op.name, key, "float32", params, "cuda")
+        return len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", k.source())))
+
+    train = (count(ops.gat(slope, stats=True), A.key) + count(ops.gat_grad_rows(slope), A.key)
+             + count(ops.gat_grad_cols(slope), A.transpose[0]))
+    return count(ops.gat(slope), A.key), train
 
 
 def out_path(out_dir: str, device_name: str) -> Path:
@@ -137,7 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--heads", type=int, default=4, help="heads of layer 1 (concatenated)")
     ap.add_argument("--heads2", type=int, default=1, help="heads of layer 2")
-    ap.add_argument("--format", default="csr", help="sparsec's format for the graph (csr, ell, bsr:RxC)")
+    ap.add_argument("--format", default="auto",
+                    help="sparsec's format for the graph (csr, ell, bsr:RxC, hyb; auto: hyb for skewed degrees, "
+                         "else csr: sparsec.torch_gnn.gat_format)")
     ap.add_argument("--timing", choices=("eager", "graph"), default="eager")
     ap.add_argument("--runs", type=int, default=50, help="timed calls at most per measurement")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -188,7 +200,8 @@ def main(argv=None) -> int:
         row["forward_speedup"] = row["pyg_forward_ms"] / row["sparsec_forward_ms"]
         row["train_step_speedup"] = row["pyg_train_step_ms"] / row["sparsec_train_step_ms"]
         if device == "cuda":
-            row["gat_launches_per_layer"] = gat_launches(A, args.heads, args.hidden // args.heads)
+            row["gat_launches_per_layer"], row["gat_train_launches_per_layer"] = gat_launches(
+                A, args.heads, args.hidden // args.heads, ours.l1.negative_slope)
         row["prep_s"] = time.perf_counter() - t0
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Dict
 
-from .dsl import Operator, exp, maximum
+from .dsl import Operator, exp, less, maximum, select
 
 
 def spmm() -> Operator:
@@ -209,7 +209,7 @@ def _gat_logits(op: Operator):
     return I, J, H, el, er
 
 
-def gat(negative_slope: float = GAT_SLOPE) -> Operator:
+def gat(negative_slope: float = GAT_SLOPE, stats: bool = False) -> Operator:
     """GAT's attention and aggregation (edge softmax with its SDDMM-like logits and its SpMM)
     as one operator, over A's stored entries (A's pattern is the neighbourhood; its values are
     not read)::
@@ -224,17 +224,25 @@ def gat(negative_slope: float = GAT_SLOPE) -> Operator:
     feat)``; compile-time extents ``heads`` and ``feat``. The slope is a compile-time constant
     (LeakyReLU as ``max(x, slope * x)``, so 0 <= slope <= 1). The softmax subtracts the row max
     per head; a row without entries gives O = 0. Logits are recomputed from el and er where
-    they are needed (two loads per entry and head), never stored."""
+    they are needed (two loads per entry and head), never stored.
+
+    ``stats=True`` (the operator ``gat_stats``) also returns the softmax's row statistics
+    ``mx[i, h] = max_j e`` and ``s[i, h] = sum_j exp(e - mx)`` (``(rows, heads)``; for a row
+    without entries s = 0 and mx the identity of max, the dtype's lowest value), which the
+    forward pass computes anyway: the backward operators (:func:`gat_grad_rows`,
+    :func:`gat_grad_cols`) rebuild alpha from them (``lse = mx + log(s)``), el and er, with no
+    pass of their own over the rows."""
     slope = _check_slope(negative_slope)
-    op = Operator(_slope_name("gat", slope),
+    op = Operator(_slope_name("gat_stats" if stats else "gat", slope),
                   f"O[i, h, f] = sum_j softmax_j(leaky_relu(el[i, h] + er[j, h], {slope:g})) * Z[j, h, f] "
-                  "over A's non-zeros")
+                  "over A's non-zeros" + ("; mx, s: the softmax's row max and row sum" if stats else ""))
     I, J, H, el, er = _gat_logits(op)
     F = op.dense_fixed("f", extent="feat")
     Z = op.dense_input("Z", (J, H, F))
     O = op.dense_output("O", (I, H, F))
-    mx = op.dense_temp("mx", (I, H))
-    s = op.dense_temp("s", (I, H))
+    stat = op.dense_output if stats else op.dense_temp
+    mx = stat("mx", (I, H))
+    s = stat("s", (I, H))
     with op.iterate([I, J, H], "SRS") as (i, j, h):
         mx[i, h] = maximum(mx[i, h], _leaky(el[i, h] + er[j, h], slope))
     with op.iterate([I, J, H], "SRS") as (i, j, h):
@@ -268,9 +276,105 @@ def edge_softmax(negative_slope: float = GAT_SLOPE) -> Operator:
     return op
 
 
+# ---- GAT's backward pass: row reductions into dense outputs, no per-edge tensor ----------------------
+# With alpha[i, j, h] = exp(e[i, j, h] - lse[i, h]), lse = mx + log(s) the softmax's log-sum-exp
+# (from gat(stats=True)), O the forward output and dO its gradient, the softmax's backward pass is
+#     de[i, j, h] = alpha * (sum_f dO[i, h, f] Z[j, h, f] - sum_f dO[i, h, f] O[i, h, f]) * leaky_relu'(x)
+#                 = sum_f alpha * leaky_relu'(x) * dO[i, h, f] * (Z[j, h, f] - O[i, h, f]),   x = el[i, h] + er[j, h]
+# (sum_j alpha dalpha = dO . O), so every gradient is a sum over one axis of the pattern of terms
+# made from node arrays: d_el over each row of A, dZ and d_er over each row of A's transpose.
+# Each iteration is then an SpMM-like row reduction (any format: hyb splits long rows and adds
+# their pieces atomically), never a per-edge tensor that would have to be carried between A's
+# and A^T's slot layouts.
+def _gat_grad_axes(op: Operator, row: str, col: str):
+    """(R, C, H, F) of a GAT gradient operator: its matrix (A with rows i, or A's transpose with
+    rows j), heads and features."""
+    R = op.dense_fixed(row)
+    C = op.sparse_variable(col, parent=R)
+    H = op.dense_fixed("h", extent="heads")
+    F = op.dense_fixed("f", extent="feat")
+    return R, C, H, F
+
+
+def _gat_grad_inputs(op: Operator, I, J, H, F):
+    """el, er, lse (node arrays), Z, O, dO ((nodes, heads, feat)): what both gradient operators read."""
+    return (op.dense_input("el", (I, H)), op.dense_input("er", (J, H)), op.dense_input("lse", (I, H)),
+            op.dense_input("Z", (J, H, F)), op.dense_input("O", (I, H, F)), op.dense_input("dO", (I, H, F)))
+
+
+def _alpha(el, er, lse, i, j, h, slope: float):
+    """alpha[i, j, h] rebuilt from node arrays: exp(leaky_relu(el[i, h] + er[j, h]) - lse[i, h])."""
+    return exp(_leaky(el[i, h] + er[j, h], slope) - lse[i, h])
+
+
+def _leaky_grad(x, slope: float):
+    """leaky_relu'(x): 1 where x > 0, else the slope (as torch's backward pass)."""
+    return select(less(0.0, x), 1.0, slope)
+
+
+def gat_grad_rows(negative_slope: float = GAT_SLOPE) -> Operator:
+    """The gradient of :func:`gat` w.r.t. el, on A (rows i)::
+
+        d_el[i, h] = sum_j de[i, j, h]
+                   = sum_f dO[i, h, f] * sum_j alpha[i, j, h] * leaky_relu'(x) * (Z[j, h, f] - O[i, h, f])
+
+    with alpha = exp(leaky_relu(x) - lse[i, h]), x = el[i, h] + er[j, h], ``lse = mx + log(s)``
+    from ``gat(stats=True)``, O the forward output and dO its gradient, ``(rows, heads, feat)``.
+    A's values are not read. Two iterations: the sum over j per feature (an SpMM-like row
+    reduction into the dense temporary ``Dl``), then the dot with dO[i] (a dense one). A row
+    without entries gives 0."""
+    slope = _check_slope(negative_slope)
+    op = Operator(_slope_name("gat_grad_rows", slope),
+                  f"d_el[i, h] = sum_j d softmax-logit of gat (slope {slope:g}) over A's non-zeros")
+    I, J, H, F = _gat_grad_axes(op, "i", "j")
+    op.sparse_input("A", (I, J))
+    el, er, lse, Z, O, dO = _gat_grad_inputs(op, I, J, H, F)
+    Dl = op.dense_temp("Dl", (I, H, F))
+    d_el = op.dense_output("d_el", (I, H))
+    with op.iterate([I, J, H, F], "SRSS") as (i, j, h, f):
+        Dl[i, h, f] += _alpha(el, er, lse, i, j, h, slope) * _leaky_grad(el[i, h] + er[j, h], slope) \
+            * (Z[j, h, f] - O[i, h, f])
+    with op.iterate([I, H, F], "SSR") as (i, h, f):
+        d_el[i, h] += dO[i, h, f] * Dl[i, h, f]
+    return op
+
+
+def gat_grad_cols(negative_slope: float = GAT_SLOPE) -> Operator:
+    """The gradients of :func:`gat` w.r.t. Z and er, on A's transpose ``At`` (rows j, the
+    sources; columns i, the targets)::
+
+        dZ[j, h, f] = sum_i alpha[i, j, h] * dO[i, h, f]
+        d_er[j, h]  = sum_i de[i, j, h]
+                    = sum_f sum_i alpha[i, j, h] * leaky_relu'(x) * dO[i, h, f] * (Z[j, h, f] - O[i, h, f])
+
+    (definitions as :func:`gat_grad_rows`; el, lse, O and dO are read at the column i, er and Z
+    at the row j). At's values are not read. Three iterations: dZ and the per-feature sum
+    ``Dr`` (two SpMM-like row reductions), then d_er, Dr summed over the features (a dense
+    one). A row without entries (a node no edge leaves) gives 0."""
+    slope = _check_slope(negative_slope)
+    op = Operator(_slope_name("gat_grad_cols", slope),
+                  f"dZ[j, h, f] = sum_i alpha[i, j, h] * dO[i, h, f], d_er[j, h] = sum_i d softmax-logit of gat "
+                  f"(slope {slope:g}) over At's non-zeros")
+    J, I, H, F = _gat_grad_axes(op, "j", "i")
+    op.sparse_input("At", (J, I))
+    el, er, lse, Z, O, dO = _gat_grad_inputs(op, I, J, H, F)
+    dZ = op.dense_output("dZ", (J, H, F))
+    Dr = op.dense_temp("Dr", (J, H, F))
+    d_er = op.dense_output("d_er", (J, H))
+    with op.iterate([J, I, H, F], "SRSS") as (j, i, h, f):
+        dZ[j, h, f] += _alpha(el, er, lse, i, j, h, slope) * dO[i, h, f]
+    with op.iterate([J, I, H, F], "SRSS") as (j, i, h, f):
+        Dr[j, h, f] += _alpha(el, er, lse, i, j, h, slope) * _leaky_grad(el[i, h] + er[j, h], slope) \
+            * dO[i, h, f] * (Z[j, h, f] - O[i, h, f])
+    with op.iterate([J, H, F], "SSR") as (j, h, f):
+        d_er[j, h] += Dr[j, h, f]
+    return op
+
+
 LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention,
                                               "multihead_spmm": multihead_spmm, "multihead_sddmm": multihead_sddmm,
-                                              "gat": gat, "edge_softmax": edge_softmax, "rgcn": rgcn,
+                                              "gat": gat, "edge_softmax": edge_softmax, "gat_grad_rows": gat_grad_rows,
+                                              "gat_grad_cols": gat_grad_cols, "rgcn": rgcn,
                                               "batched_spmm": batched_spmm}
 
 

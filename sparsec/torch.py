@@ -31,9 +31,9 @@ from . import torch_launch
 from .kernel import index_arrays, on_torch_stream, scalar_values
 
 __all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for",
-           "gat_graph", "gat_adjacency", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
+           "gat_graph", "gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
 # graph attention and multi-head products live in sparsec.torch_gnn (imported on first use)
-_GNN = ("gat_adjacency", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv")
+_GNN = ("gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv")
 
 
 # ---- kernels ------------------------------------------------------------------------------
@@ -383,16 +383,18 @@ class GCNConv(torch.nn.Module):
         return h + self.bias if self.bias is not None else h
 
 
-def gat_graph(edges, num_nodes: Optional[int] = None, *, add_self_loops: bool = True, fmt: str = "csr",
+def gat_graph(edges, num_nodes: Optional[int] = None, *, add_self_loops: bool = True, fmt: str = "auto",
               device="cpu") -> SparseTensor:
     """The graph GAT layers aggregate over (``sparsec.torch_gnn``): the adjacency of
     :func:`sparsec.torch_gnn.gat_adjacency` (row i lists the sources j of the edges j -> i of
     PyG's ``edge_index``, self-loops as PyG's GATConv adds them) as a SparseTensor in ``fmt``
-    with its transpose (the backward pass runs on it)."""
-    from .torch_gnn import gat_adjacency
+    with its transpose in the same family (the backward pass runs on it). ``fmt``: csr, ell,
+    bsr:RxC, hyb, or ``"auto"``: hyb where rows or columns are skewed (hub nodes), csr
+    otherwise (:func:`sparsec.torch_gnn.gat_format`)."""
+    from .torch_gnn import gat_adjacency, gat_format
 
-    return SparseTensor(gat_adjacency(edges, num_nodes, add_self_loops=add_self_loops), fmt, device=device,
-                        grad=True)
+    adj = gat_adjacency(edges, num_nodes, add_self_loops=add_self_loops)
+    return SparseTensor(adj, gat_format(adj) if fmt == "auto" else fmt, device=device, grad=True)
 
 
 def __getattr__(name: str):

@@ -9,13 +9,17 @@
 Every sparse step is a library operator of ``sparsec.ops`` launched through
 ``sparsec.torch_launch.run``: the forward pass of a GAT layer's aggregation is one operator
 (``ops.gat``: logits, edge softmax and the weighted sum; 3 launches on CUDA on CSR, for the
-row max, the row sum and the aggregation), and no per-edge tensor is kept for the backward
-pass, which recomputes the attention weights (``ops.edge_softmax``), then takes
+row max, the row sum and the aggregation; ``gat(stats=True)`` when training, which also
+returns the row max and sum). No per-edge tensor is kept or made for the backward pass: with
+``lse = mx + log(s)`` it rebuilds alpha from node arrays inside two operators,
 
-    dZ      = alpha^T dO          (``ops.multihead_spmm`` on A's transpose, alpha moved to its slots)
-    dalpha  = dO[i, h] . Z[j, h]  (``ops.multihead_sddmm`` on A's pattern)
-    de      = alpha * (dalpha - sum_f dO[i, h, f] O[i, h, f]) * leaky_relu'(el[i, h] + er[j, h])
-    del, der = de summed over each row / column   (torch, per-edge (stored, heads) tensors)
+    d_el     = sum over A's rows of de                        (``ops.gat_grad_rows`` on A)
+    dZ, d_er = sum over A^T's rows of alpha dO, and of de     (``ops.gat_grad_cols`` on A's transpose)
+    de       = alpha * leaky_relu'(el[i] + er[j]) * dO[i] . (Z[j] - O[i])
+
+each an SpMM-like row reduction into dense outputs, so GATConv trains on any format with a
+transpose (csr, ell, bsr, and hyb, whose split rows cut the hubs of power-law graphs:
+``gat_format`` picks it for ``gat_graph(..., fmt="auto")``).
 
 Layouts: node features per head are ``(nodes, heads, feat)``, per-node logits ``(nodes,
 heads)``, per-edge values ``(stored, heads)`` in the matrix's slot layout (for CSR, the
@@ -35,7 +39,7 @@ import torch
 from . import ops
 from .torch_launch import MatrixArgs, run, transpose_values
 
-__all__ = ["gat_adjacency", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
+__all__ = ["gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -81,6 +85,35 @@ def gat_adjacency(edges, num_nodes: Optional[int] = None, *, add_self_loops: boo
     return m
 
 
+HUB_RATIO = 32   # gat_format: hyb where the longest row (or column) holds more than this many times the mean
+HUB_MIN = 256    # ... and more than this many entries
+
+
+def gat_format(adj: sp.spmatrix) -> str:
+    """The format ``gat_graph(..., fmt="auto")`` takes for the adjacency ``adj``: ``"hyb"`` where
+    its row or column lengths are skewed -- the longest row of A or of A's transpose holds more
+    than ``HUB_RATIO`` (32) times the mean and more than ``HUB_MIN`` (256) entries -- else ``"csr"``.
+
+    Why: on CSR every GAT kernel (forward on A; backward on A and on A's transpose, whose rows
+    are A's columns) gives a row to one group of threads (16 for 4 heads x 16 features, one
+    for the row max and sum), so it lasts at least as long as its longest row's serial chain
+    of gathers. An H100 holds about 17K such groups at once: a graph of n nodes is done in
+    about n / 17K waves of mean-length rows, and a row longer than 32x the mean outlasts them
+    up to n ~ 500K nodes (R-MAT s18: 262K nodes, mean 29, longest 25.6K: the hub's chain is
+    ~50x the ~15 waves of the other rows; a mesh's rows never reach 32x the mean). hyb splits
+    such rows into pieces of its widest bucket, added atomically, at the price of more
+    launches (a zero-fill before each split reduction: 14 instead of 8 per layer and training
+    step) and atomics: under 256 entries the longest row costs a few microseconds, less than
+    those launches, so small or even graphs stay on CSR. Thresholds from this estimate, not a
+    sweep: ``examples/gat.py --format csr|hyb`` measures both."""
+    m = sp.csr_matrix(adj)
+    if m.nnz == 0:
+        return "csr"
+    longest = max(int(np.diff(m.indptr).max()), int(np.bincount(m.indices, minlength=m.shape[1]).max()))
+    mean = m.nnz / max(1, max(m.shape))
+    return "hyb" if longest > HUB_RATIO * mean and longest > HUB_MIN else "csr"
+
+
 def _slots(A):
     """Per stored slot of A (cached on it): row and column (0 at padding), the ones used as the
     matrix's values where only its pattern counts, and the same for A's transpose."""
@@ -113,7 +146,7 @@ def _heads_feat(name: str, x: torch.Tensor, rows: int) -> Tuple[int, int]:
 def _needs_transpose(A, why: str):
     if A.transpose is None:
         raise ValueError(f"{why} needs A's transpose: build A with grad=True (sparsec.torch.SparseTensor(..., "
-                         f"grad=True) or gat_graph) in csr, ell or bsr")
+                         f"grad=True) or gat_graph) in csr, ell, hyb or bsr")
 
 
 # ---- multi-head SpMM ----------------------------------------------------------------------------
@@ -247,30 +280,46 @@ def edge_softmax(A, el: torch.Tensor, er: torch.Tensor,
     return _alpha(A, el, er, float(negative_slope))
 
 
+def _transpose_args(A) -> MatrixArgs:
+    """A's transpose for the GAT gradient operators, which read its pattern only: ones as its
+    values (made once, cached on A)."""
+    t_ones = A.__dict__.get("_gat_t_ones")
+    if t_ones is None or t_ones.device != A.values.device or t_ones.dtype != A.values.dtype:
+        t_ones = torch.ones(int(A.transpose[2].numel()), dtype=A.values.dtype, device=A.values.device)
+        A.__dict__["_gat_t_ones"] = t_ones
+    return MatrixArgs.transpose_of(A, t_ones)
+
+
+def _gat_forward(A, Z, el, er, slope: float, stats: bool):
+    """``ops.gat`` (or ``gat(stats=True)``: O, mx, s) on A."""
+    H, F = int(Z.shape[1]), int(Z.shape[2])
+    return run(_op("gat", slope, stats), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
+                                                         "Z": Z.contiguous()}, heads=H, feat=F)
+
+
 class _GATAggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Z, el, er, A, slope):
-        H, F = int(Z.shape[1]), int(Z.shape[2])
-        O = run(_op("gat", slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
-                                                   "Z": Z.contiguous()}, heads=H, feat=F)[0]
+        O, mx, s = _gat_forward(A, Z, el, er, slope, stats=True)
         ctx.A, ctx.slope = A, slope
-        ctx.save_for_backward(Z, el, er, O)
+        # the softmax's log-sum-exp per row and head: alpha = exp(e - lse); a row without
+        # entries (lse = -inf) is never read, its s being 0
+        ctx.save_for_backward(Z, el, er, O, mx + torch.log(s))
         return O
 
     @staticmethod
     def backward(ctx, dO):
-        Z, el, er, O = ctx.saved_tensors
+        Z, el, er, O, lse = ctx.saved_tensors
         A, slope = ctx.A, ctx.slope
-        _, _, ones, t_ones = _slots(A)
-        dO = dO.contiguous()
-        alpha = _alpha(A, el, er, slope)  # recomputed: the forward pass keeps no per-edge tensor
+        H, F = int(Z.shape[1]), int(Z.shape[2])
+        inputs = {"el": el, "er": er, "lse": lse, "Z": Z, "O": O, "dO": dO.contiguous()}
         dZ = d_el = d_er = None
-        if ctx.needs_input_grad[0]:
-            dZ = _mh_spmm(MatrixArgs.transpose_of(A, t_ones), transpose_values(A, alpha), dO)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            dalpha = _mh_sddmm(MatrixArgs.of(A, ones), dO, Z)
-            d_el, d_er = _logit_grad(A, alpha, dalpha, (dO * O).sum(-1), el, er, slope)
-        return dZ, d_el, d_er, None, None
+        if ctx.needs_input_grad[1]:  # d_el: A's rows
+            d_el, = run(_op("gat_grad_rows", slope), MatrixArgs.of(A), inputs, heads=H, feat=F)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:  # dZ, d_er: the rows of A's transpose
+            dZ, d_er = run(_op("gat_grad_cols", slope), _transpose_args(A), inputs, heads=H, feat=F)
+        return (dZ if ctx.needs_input_grad[0] else None), d_el, (d_er if ctx.needs_input_grad[2] else None), \
+            None, None
 
 
 def gat_aggregate(A, Z: torch.Tensor, el: torch.Tensor, er: torch.Tensor,
@@ -287,8 +336,7 @@ def gat_aggregate(A, Z: torch.Tensor, el: torch.Tensor, er: torch.Tensor,
     if (Z.requires_grad or el.requires_grad or er.requires_grad) and torch.is_grad_enabled():
         _needs_transpose(A, "the backward pass of gat_aggregate")
         return _GATAggregate.apply(Z, el, er, A, slope)
-    return run(_op("gat", slope), MatrixArgs.of(A), {"el": el.contiguous(), "er": er.contiguous(),
-                                                  "Z": Z.contiguous()}, heads=H, feat=int(Z.shape[2]))[0]
+    return _gat_forward(A, Z, el, er, slope, stats=False)[0]
 
 
 class GATConv(torch.nn.Module):

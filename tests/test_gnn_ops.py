@@ -1,5 +1,6 @@
 """The multi-head and graph-attention library operators (``ops.multihead_spmm``,
-``multihead_sddmm``, ``gat``, ``edge_softmax``): each against an independent float64 numpy
+``multihead_sddmm``, ``gat``, ``edge_softmax``, GAT's backward operators ``gat_grad_rows`` and
+``gat_grad_cols``): each against an independent float64 numpy
 reference written here from its definition (and ``reference.evaluate``), on llvm, on several
 format families, NaN-poisoned outputs, a matrix with an empty row, a long row and an explicit
 zero, logits large enough to overflow exp without the max subtracted; the CUDA code each
@@ -10,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import sparsec
 from sparsec import ops
@@ -92,6 +94,64 @@ def test_gnn_operators_match_their_definitions(spec):
     assert max_rel_err(A.coordinate_values(alpha), _alpha(A, el, er, ops.GAT_SLOPE)) < TOL
 
 
+def ref_gat_backward(A, el, er, Z, dO, slope=ops.GAT_SLOPE):
+    """(mx, s, d_el, d_er, dZ) of GAT by the textbook softmax backward pass, per entry:
+    de = alpha * (dalpha - sum_j alpha dalpha) * leaky_relu'(el[i] + er[j]), dalpha = dO[i] . Z[j]."""
+    r, c, _ = _entries(A)
+    n, m = A.shape
+    x = el[r] + er[c]
+    e = np.where(x > 0, x, slope * x)
+    mx = np.full((n, H), -np.inf)
+    np.maximum.at(mx, r, e)
+    s = np.zeros((n, H))
+    np.add.at(s, r, np.exp(e - mx[r]))
+    alpha = _alpha(A, el, er, slope)
+    dalpha = np.einsum("ehf,ehf->eh", dO[r], Z[c])
+    row_dot = np.zeros((n, H))
+    np.add.at(row_dot, r, alpha * dalpha)
+    de = alpha * (dalpha - row_dot[r]) * np.where(x > 0, 1.0, slope)
+    d_el, d_er, dZ = np.zeros((n, H)), np.zeros((m, H)), np.zeros((m, H, F))
+    np.add.at(d_el, r, de)
+    np.add.at(d_er, c, de)
+    np.add.at(dZ, c, alpha[:, :, None] * dO[r])
+    return mx, s, d_el, d_er, dZ
+
+
+def _backward_matrix() -> sp.csr_matrix:
+    """edge_matrix (an empty row, a long row, an explicit zero) with an empty last column: a row
+    of A's transpose without entries too."""
+    m = edge_matrix()
+    out = sp.hstack([m, sp.csr_matrix((m.shape[0], 1), dtype=m.dtype)]).tocsr()
+    out.sort_indices()
+    return out
+
+
+@pytest.mark.parametrize("spec", ("csr", "hyb:1:1/2/4"))  # hyb: the long row split, pieces added atomically
+def test_gat_backward_operators_match_their_definitions(spec):
+    m = _backward_matrix()
+    A, At = convert(m, spec), convert(m.T.tocsr(), spec)
+    rng = np.random.default_rng(4)
+    el, er, Z, dO = (rng.standard_normal(shape).astype(np.float32)
+                     for shape in ((9, H), (8, H), (8, H, F), (9, H, F)))
+    el, er = el * 3, er * 3  # rows whose logits take both signs (one sign: d_el is 0 up to rounding)
+    mx_r, s_r, d_el_r, d_er_r, dZ_r = ref_gat_backward(A, *(x.astype(np.float64) for x in (el, er, Z, dO)))
+    O, mx, s = sparsec.compile(ops.gat(stats=True), A, **PARAMS)(A, el, er, Z, poison=True)
+    assert max_rel_err(O, ref_gat(A, *(x.astype(np.float64) for x in (el, er, Z)))) < TOL
+    full = np.isfinite(mx_r)
+    assert max_rel_err(mx[full], mx_r[full]) < TOL and max_rel_err(s, s_r) < TOL
+    assert (s[3] == 0).all()  # the empty row
+    with np.errstate(divide="ignore"):
+        lse = mx + np.log(s)  # what sparsec.torch_gnn passes
+    args = (el, er, lse, Z, O, dO)
+    d_el = sparsec.compile(ops.gat_grad_rows(), A, **PARAMS)(A, *args, poison=True)
+    dZ, d_er = sparsec.compile(ops.gat_grad_cols(), At, **PARAMS)(At, *args, poison=True)
+    assert max_rel_err(d_el, d_el_r) < TOL and max_rel_err(d_er, d_er_r) < TOL and max_rel_err(dZ, dZ_r) < TOL
+    assert (d_el[3] == 0).all() and (dZ[7] == 0).all() and (d_er[7] == 0).all()  # rows without entries
+    assert max_rel_err(evaluate(ops.gat_grad_rows(), A, *args, params=PARAMS), d_el_r) < TOL
+    for got, want in zip(evaluate(ops.gat_grad_cols(), At, *args, params=PARAMS), (dZ_r, d_er_r)):
+        assert max_rel_err(got, want) < TOL
+
+
 def test_gat_slope_is_compile_time_and_checked():
     A = convert(edge_matrix(), "csr")
     el, er, Z, _, _ = _inputs(A, seed=1)
@@ -120,5 +180,14 @@ def test_gnn_operators_build_for_cuda_with_heads_and_features_over_threads():
     assert "float4" in agg and "((int)threadIdx.x) >> 2" in agg and "((int)threadIdx.x) * 4" in agg
     sources[("gat_hyb", "sm_90a")] = sparsec.compile(ops.gat(), "hyb:1:1/2/4", target="cuda:sm_90a",
                                                      **PARAMS).source()
+    # GAT's training operators: the forward pass with its statistics, the two backward ones;
+    # launches per format (hyb: a zero-fill before each reduction whose split rows add atomically)
+    launches = {"csr": (3, 2, 3), "hyb:1:1/2/4": (6, 3, 5)}
+    for spec, want in launches.items():
+        for op, n in zip((ops.gat(stats=True), ops.gat_grad_rows(), ops.gat_grad_cols()), want):
+            src = sparsec.compile(op, spec, target="cuda:sm_90a", heads=4, feat=16).source()
+            assert len(set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", src))) == n, (spec, op.name)
+            assert ("atomicAdd" in src) == spec.startswith("hyb"), (spec, op.name)
+            sources[(op.name, spec, "sm_90a")] = src
     for key, (ok, output) in nvcc_sources(sources).items():
         assert ok, f"{key}: {output[-2000:]}"

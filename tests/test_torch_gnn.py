@@ -1,6 +1,7 @@
 """sparsec.torch's graph attention and multi-head products (CPU, llvm): outputs and gradients
-against dense torch autograd implementations of the same definitions, torch.autograd.gradcheck
-in float64 on a tiny graph, GATConv against torch_geometric's on the same weights (when it
+against dense torch autograd implementations of the same definitions (GAT's aggregation on csr,
+ell, bsr and hyb), torch.autograd.gradcheck in float64 on a tiny graph (csr and hyb), the
+format gat_graph picks (hyb for a hub, where GATConv trains as on csr), GATConv against torch_geometric's on the same weights (when it
 imports), the generic launcher's argument checks, and examples/gat.py's CPU smoke run."""
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_gat_aggregate_and_gradients_match_dense_autograd(graph64):
     m, _ = graph64
     gen = torch.Generator().manual_seed(0)
     M = _mask(m)
-    for spec in ("csr", "bsr:2x2"):
+    for spec in ("csr", "ell", "bsr:2x2", "hyb:1:1/2/4"):  # hyb: the long row split into pieces
         A = st.SparseTensor(m, spec, grad=True)
         Z, el, er = (x.float().detach().requires_grad_() for x in (_leaf(7, 3, 4, gen=gen), _leaf(9, 3, gen=gen),
                                                                       _leaf(7, 3, gen=gen)))
@@ -93,6 +94,8 @@ def test_gradcheck_float64(graph64):
     Z, el, er = _leaf(7, 2, 3, gen=gen), _leaf(9, 2, gen=gen), _leaf(7, 2, gen=gen)
     P, X = _leaf(A.instance.stored, 2, gen=gen), _leaf(9, 2, 3, gen=gen)
     assert torch.autograd.gradcheck(lambda z, a, b: st.gat_aggregate(A, z, a, b, 0.1), (Z, el, er))
+    hyb = st.SparseTensor(A.instance.to_scipy(), "hyb:1:1/2/4", dtype="float64", grad=True)
+    assert torch.autograd.gradcheck(lambda z, a, b: st.gat_aggregate(hyb, z, a, b), (Z, el, er))
     assert torch.autograd.gradcheck(lambda a, b: st.edge_softmax(A, a, b), (el, er))
     assert torch.autograd.gradcheck(lambda p, b: st.multihead_spmm(A, p, b), (P, Z))
     assert torch.autograd.gradcheck(lambda x, y: st.multihead_sddmm(A, x, y), (X, Z))
@@ -127,6 +130,27 @@ def test_gat_graph_follows_pyg_edge_direction_and_self_loops():
     assert st.gat_adjacency(edge_index, 3, add_self_loops=False).nnz == 4
     with pytest.raises(ValueError, match=r"edge_index holds node 2, out of range for num_nodes=2"):
         st.gat_adjacency(edge_index, 2)
+
+
+def test_gat_graph_takes_hyb_for_a_hub_and_gatconv_trains_on_it_as_on_csr():
+    n = 400  # a ring, and node 0 the target of every node's edge: a row of 400 entries, mean 3
+    src = np.concatenate([np.arange(n), np.arange(1, n)])
+    dst = np.concatenate([(np.arange(n) + 1) % n, np.zeros(n - 1, np.int64)])
+    edge_index = torch.from_numpy(np.stack([src, dst]))
+    assert st.gat_format(st.gat_adjacency(edge_index, n)) == "hyb"
+    assert st.gat_format(st.gat_adjacency(edge_index[:, :n], n)) == "csr"  # the ring alone: even rows
+    hub = st.gat_graph(edge_index, n)  # fmt="auto"
+    assert hub.format.startswith("hyb") and hub.transpose is not None
+    csr = st.gat_graph(edge_index, n, fmt="csr")
+    x = torch.randn(n, 6, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(6)
+    conv = st.GATConv(6, 4, heads=2)
+    got, want = conv(hub, x), conv(csr, x)
+    assert torch.allclose(got, want, atol=1e-5)
+    g = torch.randn_like(got)
+    params = [conv.lin.weight, conv.att_src, conv.att_dst, conv.bias]
+    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g)):
+        assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
 
 
 def test_bad_arguments_are_refused_by_name(graph64):
