@@ -77,12 +77,18 @@ def relations(adj, rel, rng, hub_row=None):
 
 @contextlib.contextmanager
 def partition(splits, chunk):
-    saved = segment_contract.SPLITS, segment_contract.CHUNK
-    segment_contract.SPLITS, segment_contract.CHUNK = splits, chunk
+    """Kernels compiled inside take ``splits`` splits (whatever their matrix would choose,
+    ``segment_contract.splits_for``) of ``chunk``-entry chunks."""
+    saved = (segment_contract.SPLITS, segment_contract.DEFAULT_SPLITS, segment_contract.CHUNK,
+             segment_contract.splits_for)
+    segment_contract.SPLITS = segment_contract.DEFAULT_SPLITS = splits
+    segment_contract.CHUNK = chunk
+    segment_contract.splits_for = lambda lengths: splits
     try:
         yield
     finally:
-        segment_contract.SPLITS, segment_contract.CHUNK = saved
+        (segment_contract.SPLITS, segment_contract.DEFAULT_SPLITS, segment_contract.CHUNK,
+         segment_contract.splits_for) = saved
 
 
 def segment_stats(stacked) -> dict:

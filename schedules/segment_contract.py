@@ -47,15 +47,36 @@ THREADS = 256  # threads per block, and root positions per block (one flag each 
 PER_THREAD = 4  # segments of a thread's register tile
 SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, less the scan's)
 # The split of long segments (``schedules.segment_split``), constants (the kernel is written
-# before schedule knobs apply; benchmarks/check_segment_split.py times other values).
-# CHUNK 16: entries a thread sums with their loads in flight together, 16x fewer dependent
-# memory round trips along a long segment. STEP 4: the unrolled step of a segment's last,
-# partial chunk, so a typical short segment (R-MAT s18: 5.5 entries) wastes at most 3 guarded
-# slots. SPLITS 8: blocks per group of 256 root positions; with CHUNK, R-MAT s18's heaviest
-# group (24.6K entries, 54x the mean) leaves each block ~1/8 of it in runs of 16. More splits
-# shorten the heaviest blocks further, but every split adds a block per group that, for
-# nearly every group, only loads its counts and leaves.
-SPLITS, CHUNK, STEP = 8, 16, 4
+# before schedule knobs apply; benchmarks/time_rgcn_splits.py and check_segment_split.py time
+# other values). CHUNK 32: entries a thread sums with their loads in flight together, 32x fewer
+# dependent memory round trips along a long segment (H100, R-MAT s18 at 8 splits: 2.30 ms
+# against 2.55 ms at 16, 64x64). STEP 4: the unrolled step of a segment's last, partial
+# chunk, so a typical short segment (R-MAT s18: 5.5 entries) wastes at most 3 guarded slots.
+# SPLITS: blocks per group of 256 root positions at most; how many a kernel takes follows the
+# matrix it is compiled for (:func:`splits_for`), DEFAULT_SPLITS when only its format is known.
+SPLITS, DEFAULT_SPLITS, CHUNK, STEP = 16, 8, 32, 4
+BALANCED = 8  # a heaviest group within this many times the mean group is not split at all
+
+
+def splits_for(row_lengths) -> int:
+    """Splits for a matrix whose root positions hold ``row_lengths`` entries: 1 when its
+    heaviest group of THREADS positions is within BALANCED x the mean group (every split adds
+    a block per group that mostly only reads its counts and leaves), else the power of two
+    that brings the heaviest group's share of a block near BALANCED x the mean, at most SPLITS.
+
+    Measured on an H100 (benchmarks/results/rgcn_splits_H100.json, RGCN 64x64, R = 16 + root):
+    mdual, heaviest group 3.4x the mean: 1.38 ms at 1 split, 1.47 at 8, 1.70 at 32; R-MAT s18,
+    heaviest 54x the mean: 2.96 ms at 1, 2.30 at 8, 2.61 at 32 (32-entry chunks)."""
+    import numpy as np
+
+    lengths = np.asarray(row_lengths, dtype=np.int64)
+    if lengths.size == 0 or lengths.sum() == 0:
+        return 1
+    groups = np.add.reduceat(lengths, np.arange(0, lengths.size, THREADS))
+    ratio = groups.max() / (BALANCED * groups.mean())
+    if ratio <= 1:
+        return 1
+    return int(min(SPLITS, 1 << int(np.ceil(np.log2(ratio)))))
 
 
 @dataclass(frozen=True)
@@ -149,13 +170,13 @@ def match(nest, program) -> Optional[Contraction]:
                        p, q, key, nest.target, nest.write_guard, bool(nest.atomic or not nest.init))
 
 
-def partition(c: Contraction) -> Partition:
+def partition(c: Contraction, splits: Optional[int] = None) -> Partition:
     """How ``c``'s segments are split. Only an output that is added atomically may take
     partial sums from several blocks; one that is stored (owned rows, each written once, its
     empty rows given the identity) keeps each segment in one block: a store and an
     atomicAdd from different blocks into one element would race. Segments of a width known
     at compile time (ell, hyb's buckets) take no more splits than they have chunks."""
-    splits = SPLITS if c.atomic else 1
+    splits = min(SPLITS, splits or DEFAULT_SPLITS) if c.atomic else 1
     if isinstance(c.entry_extent, Const):
         splits = max(1, min(splits, -(-int(c.entry_extent.value) // CHUNK)))
     return Partition(splits, CHUNK, STEP)
@@ -178,7 +199,8 @@ def _fill(template: str, exprs: Dict[str, str]) -> str:
     return text.replace("\0", "T.").format(**exprs)
 
 
-def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str) -> None:
+def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
+         splits: Optional[int] = None) -> None:
     """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
     GT = min(32, c.G)  # lanes over g
     TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
@@ -186,7 +208,7 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
     P = PREFIX
     root, entry, spatial, reduced = (f"v_{x}" for x in (c.root, c.entry, c.spatial, c.reduced))
     n_root = render(c.root_extent, "int32")
-    part = partition(c)
+    part = partition(c, splits)
     sp, cnt, base = Sym(P + "sp"), Sym(P + "cnt[0]"), Sym(P + "base")
     near = {root: P + "p", reduced: P + "f"}
     x = {

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any, Dict, Optional, Union
 
+import numpy as np
 import tvm
 from tvm import s_tir
 
@@ -21,7 +22,7 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import default_cpu, default_cuda, finalize_cuda, tensorcore
+from .schedules import default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore
 from .targets import parse_target
 
 UNROLL_MODES = ("explicit", "pragma")
@@ -59,8 +60,10 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     if isinstance(knobs, str):
         raise ValueError(f"knobs should be a dict of schedule knobs, got {knobs!r}; knobs='tuned' is resolved from "
                          "the tuning logs by sparsec.compile (sparsec.api.compile), not by sparsec.build.compile")
+    splits = None
     if isinstance(fmt, (FormatInstance, CompositeInstance)):
         dtype = dtype or fmt.value_dtype
+        splits = _segment_splits(fmt)
         fmt = fmt.format
     elif isinstance(fmt, str):
         fmt = make_format(fmt)
@@ -79,7 +82,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     spec = parse_target(target)
     if spec.kind == "cuda":
         refuse_on_cuda(operator, fmt)
-    func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda")
+    func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda",
+                                  segment_splits=splits)
     config = {}
     if tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
         sch, used = tensorcore.schedule(program, **(knobs or {}))
@@ -95,6 +99,16 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())
+
+
+def _segment_splits(inst):
+    """For a kernel compiled for a converted matrix: how many blocks share a segment
+    contraction's groups of rows (``schedules.segment_contract.splits_for``), from the
+    matrix's row lengths, computed only if the operator has such a nest. A kernel may still
+    run on other matrices of its format; the count only sets how their work is spread."""
+    def splits() -> int:
+        return segment_contract.splits_for(np.diff(inst.to_scipy().indptr))
+    return splits
 
 
 def refuse_on_cuda(operator: Operator, fmt) -> None:

@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+import scipy.sparse as ssp
 
 import sparsec
 from sparsec import dsl, ops
@@ -76,10 +77,11 @@ def _owned_rows_op():
 def test_split_kernel_for_atomic_outputs_one_split_for_owned_rows_and_narrow_segments():
     adj = _graph()
     stacked = stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32)
-    shared_rows = sparsec.compile(ops.rgcn(), convert(stacked, "csr"), target="cuda", rel=4, fin=64, fout=16).source()
+    # compiled for the format alone (no matrix to size the split by): DEFAULT_SPLITS
+    shared_rows = sparsec.compile(ops.rgcn(), "csr", target="cuda", rel=4, fin=64, fout=16).source()
     owned = sparsec.compile(_owned_rows_op(), convert(adj.astype(np.float32), "ell"), target="cuda",
                             fin=8, fout=40).source()
-    S, C = segment_contract.SPLITS, segment_contract.CHUNK
+    S, C = segment_contract.DEFAULT_SPLITS, segment_contract.CHUNK
     assert S > 1 and re.search(rf"l__sp_ptr\[0\] = \(\(\(int\)blockIdx\.x\) (& {S - 1}|% {S})\)", shared_rows)
     assert f"(l__sp_ptr[0] * {C}) < l__cnt_ptr[0]" in shared_rows  # split s keeps the segments longer than s * C
     assert "atomicAdd" in shared_rows and "__syncthreads_or" in shared_rows
@@ -89,3 +91,33 @@ def test_split_kernel_for_atomic_outputs_one_split_for_owned_rows_and_narrow_seg
     results = nvcc_sources({("rgcn", "sm_90a"): shared_rows, ("owned", "sm_90a"): owned})
     for key, (ok, output) in results.items():
         assert ok, f"{key}: {output[-2000:]}"
+
+
+def _split_line(inst) -> str:
+    k = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=2, fin=8, fout=8)
+    return re.search(r"l__sp: T.int32 = [^\n]*", k.script).group(0)
+
+
+def test_split_count_follows_the_matrix():
+    """A kernel compiled for a matrix splits its groups only as far as that matrix's heaviest
+    group needs (segment_contract.splits_for): none for even rows, up to SPLITS for a hub."""
+    sc = segment_contract
+    assert sc.splits_for(np.full(4096, 3)) == 1
+    assert sc.splits_for(np.zeros(100, np.int64)) == 1
+    hub = np.full(256 * 1024, 2)  # 1024 groups of 512 entries
+    hub[:256] = 1000  # one group ~340x the mean: capped at SPLITS
+    assert sc.splits_for(hub) == sc.SPLITS == 16
+    hub[:256] = 40  # 19.6x the mean: 2^ceil(log2(19.6 / 8)) = 4
+    assert sc.splits_for(hub) == 4
+
+    rng = np.random.default_rng(0)
+    even = ssp.random(4096, 4096, density=0.001, format="csr", random_state=rng, dtype=np.float32)
+    hubby = even.tolil()
+    hubby[:40, :] = 1.0  # the first group of rows of each relation holds ~15x the mean group
+    hubby = hubby.tocsr()
+    insts = {name: convert(stack_rows(m, rng.integers(0, 2, m.nnz), 2), "csr")
+             for name, m in (("even", even), ("hub", hubby))}
+    want = sc.splits_for(np.diff(insts["hub"].to_scipy().indptr))
+    assert want > 1
+    assert _split_line(insts["even"]).endswith("= 0")
+    assert _split_line(insts["hub"]).endswith(f"% {want}")

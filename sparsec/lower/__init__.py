@@ -15,7 +15,7 @@ a stage is re-raised as ``LoweringError("stage <name>: ...")`` with the original
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import tvm
 
@@ -36,13 +36,15 @@ def lower(op: Operator, fmt: Union[Format, CompositeFormat], params: Dict[str, i
 
 def lower_program(op: Operator, fmt: Union[Format, CompositeFormat], params: Dict[str, int],
                   dtype: str = "float32", dump_ir: Optional[str] = None, atomics: bool = False,
-                  start_from: Optional[Tuple[str, Any]] = None) -> Tuple[tvm.tirx.PrimFunc, FlatProgram]:
+                  start_from: Optional[Tuple[str, Any]] = None,
+                  segment_splits: Optional[Callable[[], int]] = None) -> Tuple[tvm.tirx.PrimFunc, FlatProgram]:
     """The PrimFunc and the flat program it came from (schedules read loop roles from it).
     ``atomics``: emit atomicAdd where rows repeat (CUDA); the CPU schedule runs those serially.
     ``start_from=(stage, ir)``: see the module docstring; when ``ir`` comes after the flat
-    stage (a TVMScript or PrimFunc), the flat program is lowered from ``op`` x ``fmt`` again."""
+    stage (a TVMScript or PrimFunc), the flat program is lowered from ``op`` x ``fmt`` again.
+    ``segment_splits``: see ``emit_script`` (the matrix's share of a segment contraction)."""
     given = start_from[0] if isinstance(start_from, tuple) and start_from else None
-    ctx = LowerContext(op, fmt, params, dtype, atomics, dump_ir, given)
+    ctx = LowerContext(op, fmt, params, dtype, atomics, dump_ir, given, segment_splits)
     results = run_stages(ctx, start_from)
     flat = results.get("flat")
     if flat is None:

@@ -29,10 +29,12 @@ class _Printer:
         self.lines.append("    " * depth + text)
 
 
-def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
+def emit_script(prog: FlatProgram, atomics: bool = False, segment_splits=None) -> str:
     """TVMScript source of the whole operator (one PrimFunc). ``atomics``: updates that several
     root positions may make to one element at once become atomics (CUDA: ``atomicAdd``, and
-    an atomic max/min for max/min reductions, see ``schedules.atomics``)."""
+    an atomic max/min for max/min reductions, see ``schedules.atomics``). ``segment_splits``:
+    a callable giving the blocks that share a segment contraction's groups for the matrix
+    compiled for (``schedules.segment_contract.splits_for``), called only if one is emitted."""
     names = [b.name for b in prog.buffers]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -55,19 +57,19 @@ def emit_script(prog: FlatProgram, atomics: bool = False) -> str:
                              f"atomic {nest.reduce}, which sparsec emits for {', '.join(ATOMIC_MINMAX_DTYPES)}, not "
                              f"{prog.dtype.out}; use a format whose rows are unique (not hyb's split rows)")
         if nest.template == "segment_contract":
-            _emit_contraction(p, nest, prog, shapes)
+            _emit_contraction(p, nest, prog, shapes, segment_splits() if segment_splits else None)
             continue
         _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic, dtypes[nest.target.buffer])
     return "\n".join(p.lines) + "\n"
 
 
-def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes) -> None:
+def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes, splits=None) -> None:
     """A nest whose kernel ``schedules.segment_contract`` writes whole (thread-bound loops)."""
     reads = [nest.value] + list(nest.target.index) + ([nest.write_guard] if nest.write_guard is not None else [])
     reads += [b.extent for blk in nest.blocks for b in blk]
     names = list(dict.fromkeys(l.buffer for e in reads for l in _loads(e)))
     segment_contract.emit(p, 1, nest, segment_contract.match(nest, prog), prog.dtype.out,
-                          [_full(n, shapes) for n in names], _full(nest.target.buffer, shapes))
+                          [_full(n, shapes) for n in names], _full(nest.target.buffer, shapes), splits)
 
 
 def _full(name: str, shapes) -> str:

@@ -53,6 +53,7 @@ class LowerContext:
     atomics: bool = False
     dump_ir: Optional[str] = None
     given: Optional[str] = None
+    segment_splits: Optional[Callable[[], int]] = None  # the matrix's split count, when it is known
 
     def __post_init__(self):
         if not isinstance(self.op, Operator):
@@ -87,7 +88,7 @@ def flat_stage(prog: PositionProgram, ctx: LowerContext) -> FlatProgram:
 
 def script_stage(flat: FlatProgram, ctx: LowerContext) -> str:
     """The flat program printed as TVMScript."""
-    return emit_script(flat, ctx.atomics)
+    return emit_script(flat, ctx.atomics, ctx.segment_splits)
 
 
 def tir_stage(script: str, ctx: LowerContext) -> tvm.tirx.PrimFunc:
