@@ -22,7 +22,7 @@ entries are cut in chunks of CHUNK and chunk c belongs to split c mod SPLITS
 together in a few groups of positions, are summed by SPLITS blocks instead of one. Block
 (bx, s) keeps the segments it holds entries of (count > s * CHUNK): a block that holds none
 (most blocks with s > 0) leaves after one barrier (``__syncthreads_or``); the others compact
-theirs (a scan in shared memory), then, 32 or 64 at a time, each segment's partial Z row is
+theirs (a scan in shared memory), then, a chunk of segments at a time, each segment's partial Z row is
 summed by the threads over f -- a whole chunk as one unrolled run, its loads in flight
 together, the last partial chunk in guarded unrolled steps -- and every run of consecutive
 segments with the same Q slice loads the slice into shared memory once and multiplies its Z
