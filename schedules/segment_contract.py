@@ -22,12 +22,11 @@ entries are cut in chunks of CHUNK and chunk c belongs to split c mod SPLITS
 together in a few groups of positions, are summed by SPLITS blocks instead of one. Block
 (bx, s) keeps the segments it holds entries of (count > s * CHUNK): a block that holds none
 (most blocks with s > 0) leaves after one barrier (``__syncthreads_or``); the others compact
-theirs (a scan in shared memory), then, a chunk of segments at a time, each segment's partial Z row is
+theirs (a scan in shared memory), then, 32 or 64 at a time, each segment's partial Z row is
 summed by the threads over f -- a whole chunk as one unrolled run, its loads in flight
 together, the last partial chunk in guarded unrolled steps -- and every run of consecutive
 segments with the same Q slice loads the slice into shared memory once and multiplies its Z
-rows by it, a register tile of 4 segments x 4 consecutive columns per thread (``Tile``:
-Z stored transposed, so both operands of a step over f are 128-bit shared loads). Partial sums from
+rows by it, a register tile of 4 segments x G/32 columns per thread. Partial sums from
 several blocks are correct by linearity where the output is added atomically (root
 positions that share an output row; the program's fill nest set it to the identity). An
 output that is stored (each row owned by one root position, empty rows given the identity
@@ -78,88 +77,6 @@ def splits_for(row_lengths) -> int:
     if ratio <= 1:
         return 1
     return int(min(SPLITS, 1 << int(np.ceil(np.log2(ratio)))))
-
-
-@dataclass(frozen=True)
-class Tile:
-    """The GEMM phase's thread -> (segments, columns) mapping, written once: the kernel renders
-    its index texts and the tests evaluate the same texts in Python.
-
-    Thread ``tid`` (of the ``active`` first threads) owns a register tile of PER_THREAD
-    consecutive segments of the chunk, ``segment(tid, a)``, by ``groups`` column groups of
-    ``vec`` consecutive columns, ``column(tid, b, v)``: lane ``tid % lanes`` takes groups lane,
-    lane + lanes, ... . With vec = 4 (G a multiple of 4) a thread reads, per f, one aligned
-    4-wide run of ``Zs[f, :]`` (Z is stored transposed, rows ``stride`` apart) and ``groups``
-    aligned 4-wide runs of ``Ws[f, :]``, which nvcc loads as 128-bit shared loads: 2 loads per
-    16 FMAs at G = 64 instead of 6 per 8. Other G keep 1-wide groups over min(32, G) lanes."""
-
-    G: int
-    F: int
-    vec: int  # consecutive columns of a group: 4, or 1 where G is not a multiple of 4
-    lanes: int  # threads over column groups
-    groups: int  # column groups per thread
-    rows: int  # threads over segments (each PER_THREAD segments)
-
-    @property
-    def TS(self) -> int:
-        """Segments per chunk (rows of Zs)."""
-        return self.rows * PER_THREAD
-
-    @property
-    def active(self) -> int:
-        """Threads that compute a tile; the others wait at the barriers."""
-        return self.rows * self.lanes
-
-    @property
-    def width(self) -> int:
-        """Columns of a thread's register tile."""
-        return self.groups * self.vec
-
-    @property
-    def stride(self) -> int:
-        """Zs's row length: TS or more, a multiple of 4 (aligned 4-wide runs) and not of 8, so
-        the Z phase's stores of one segment's 32 consecutive f spread over 8 banks, not 1."""
-        return self.TS + (4 if self.TS % 8 == 0 else 0)
-
-    def shared_bytes(self, itemsize: int) -> int:
-        """Zs, Ws and rs (the run starts)."""
-        return (self.F * self.stride + self.F * self.G) * itemsize + self.TS * 4
-
-    def segment(self, tid: str, a: str) -> str:
-        """The chunk row of tile row ``a`` of thread ``tid`` (text; // is floor division)."""
-        return f"{tid} // {self.lanes} * {PER_THREAD} + {a}"
-
-    def group(self, tid: str, b: str) -> str:
-        """Column group ``b`` of thread ``tid``; may pass the last group (G // vec - 1)."""
-        return f"{tid} % {self.lanes} + {b} * {self.lanes}"
-
-    def column(self, tid: str, b: str, v: str) -> str:
-        """The output column of tile column (b, v): masked where it reaches G."""
-        return f"({self.group(tid, b)}) * {self.vec} + {v}"
-
-    def column_read(self, tid: str, b: str, v: str) -> str:
-        """The Ws column a tile column reads: its group clamped to the last, so every read is
-        in bounds and stays vec-aligned (the columns past G are never stored)."""
-        return f"T.min({self.group(tid, b)}, {self.G // self.vec - 1}) * {self.vec} + {v}"
-
-
-def tile(G: int, F: int, itemsize: int) -> Optional[Tile]:
-    """The GEMM tile for G x F in ``itemsize``-byte elements, or None where even a chunk of
-    32 segments (or every segment a block holds) leaves Ws + Zs over SHARED_BYTES. Chunks
-    hold at most the block's THREADS segments, and fewer where shared memory runs out; then
-    as few as give the same number of chunks (a thread's work per run is one tile whatever
-    TS is, so a smaller chunk costs nothing and leaves shared memory to other blocks)."""
-    vec = 4 if G % 4 == 0 else 1
-    lanes = min(32, G // vec)
-    groups = -(-(G // vec) // lanes)
-    most = min(THREADS // lanes, THREADS // PER_THREAD)
-    for rows in range(most, 0, -1):
-        if Tile(G, F, vec, lanes, groups, rows).shared_bytes(itemsize) <= SHARED_BYTES:
-            if rows * PER_THREAD < min(32, most * PER_THREAD):
-                return None
-            chunks = -(-THREADS // (rows * PER_THREAD))
-            return Tile(G, F, vec, lanes, groups, -(-(-(-THREADS // chunks)) // PER_THREAD))
-    return None
 
 
 @dataclass(frozen=True)
@@ -243,7 +160,7 @@ def match(nest, program) -> Optional[Contraction]:
         return None
     G, F = int(spatial[0].extent.value), int(reduced[0].extent.value)
     itemsize = 8 if program.dtype.out.endswith("64") else 4  # accumulation in the output dtype
-    if tile(G, F, itemsize) is None:  # Ws + Zs + rs over the shared memory budget
+    if (F * G + THREADS // min(32, G) * PER_THREAD * F) * itemsize > SHARED_BYTES:  # Ws + Zs
         return None
     p = _product(near)
     if guard is not None:
@@ -266,7 +183,7 @@ def partition(c: Contraction, splits: Optional[int] = None) -> Partition:
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
-           "t", "t0", "a", "b", "back", "sgt", "sgq", "zr", "wr")
+           "t", "t0", "a", "b", "back", "sgt", "sgq")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -285,8 +202,9 @@ def _fill(template: str, exprs: Dict[str, str]) -> str:
 def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
          splits: Optional[int] = None) -> None:
     """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
-    tl = tile(c.G, c.F, 8 if dtype.endswith("64") else 4)
-    TS = tl.TS  # segments per chunk
+    GT = min(32, c.G)  # lanes over g
+    TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
+    BG = -(-c.G // GT)  # g columns per thread
     P = PREFIX
     root, entry, spatial, reduced = (f"v_{x}" for x in (c.root, c.entry, c.spatial, c.reduced))
     n_root = render(c.root_extent, "int32")
@@ -309,8 +227,8 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
             f"({render(k, 'int32', {root: P + 'sgt'})}) != ({render(k, 'int32', {root: P + 'sgq'})})"
             for k in c.key) or "False",
         "store": (f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of('
-                  f'{render(c.target, dtype, {root: P + "p", spatial: P + "g"})}), {P}acc[{P}a, {P}b * {tl.vec} + {P}v]))' if c.atomic else
-                  f"{render(c.target, dtype, {root: P + 'p', spatial: P + 'g'})} = {P}acc[{P}a, {P}b * {tl.vec} + {P}v]"),
+                  f'{render(c.target, dtype, {root: P + "p", spatial: P + "g"})}), {P}acc[{P}a, {P}b]))' if c.atomic else
+                  f"{render(c.target, dtype, {root: P + 'p', spatial: P + 'g'})} = {P}acc[{P}a, {P}b]"),
         "identity": f"{render(c.target, dtype, {root: P + 'p0', spatial: P + 'g'})} = T.{dtype}(0)",
         "guard_p": ("True" if c.write_guard is None else
                     render(c.write_guard, "int32", {root: P + "p", spatial: P + "g"})),
@@ -342,11 +260,9 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                 sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 rs = T.alloc_buffer(({TS},), "int32", scope="shared")
-                Zs = T.alloc_buffer(({c.F}, {tl.stride}), "{{dtype}}", scope="shared")
+                Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
                 Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared")
-                acc = T.alloc_buffer(({PER_THREAD}, {tl.width}), "{{dtype}}", scope="local")
-                zr = T.alloc_buffer(({PER_THREAD},), "{{dtype}}", scope="local")
-                wr = T.alloc_buffer(({tl.width},), "{{dtype}}", scope="local")
+                acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
                 tmp = T.alloc_buffer((1,), "int32", scope="local")
                 cnt = T.alloc_buffer((1,), "int32", scope="local")
                 z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
@@ -365,7 +281,7 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                         sg[sc[tid] - 1] = p0
                     ns[0] = sc[{THREADS - 1}]
                     T.tvm_storage_sync("shared")
-                    for ch in range({-(-THREADS // TS)}):
+                    for ch in range({THREADS // TS}):
                         if ch * {TS} < ns[0]:
                             for k in range({-(-TS * c.F // THREADS)}):
                                 e: T.int32 = tid + k * {THREADS}
@@ -385,9 +301,9 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                                                     for u in T.unroll({part.step}):
                                                         if base + v * {part.step} + u < cnt[0]:
                                                             z[0] = z[0] + {{near_step}}
-                                        Zs[f, e // {c.F}] = z[0]
+                                        Zs[e // {c.F}, f] = z[0]
                                     else:
-                                        Zs[e % {c.F}, e // {c.F}] = T.{{dtype}}(0)
+                                        Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
                             if tid < {TS}:
                                 t: T.int32 = tid
                                 rs[t] = -2
@@ -420,28 +336,21 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                                             g: T.int32 = e % {c.G}
                                             Ws[f, g] = {{far}}
                                     T.tvm_storage_sync("shared")
-                                    if tid < {tl.active}:
-                                        for a, b in T.grid({PER_THREAD}, {tl.width}):
-                                            acc[a, b] = T.{{dtype}}(0)
-                                        for f in range({c.F}):
-                                            for a in T.unroll({PER_THREAD}):
-                                                zr[a] = Zs[f, {tl.segment("tid", "a")}]
-                                            for b in T.unroll({tl.groups}):
-                                                for v in T.unroll({tl.vec}):
-                                                    wr[b * {tl.vec} + v] = Ws[f, {tl.column_read("tid", "b", "v")}]
-                                            for a in T.unroll({PER_THREAD}):
-                                                for b in T.unroll({tl.width}):
-                                                    acc[a, b] = acc[a, b] + zr[a] * wr[b]
-                                        for a, b, v in T.grid({PER_THREAD}, {tl.groups}, {tl.vec}):
-                                            t: T.int32 = {tl.segment("tid", "a")}
-                                            g: T.int32 = {tl.column("tid", "b", "v")}
-                                            if g < {c.G}:
-                                                if t < ns[0] - ch * {TS}:
-                                                    rw[0] = rs[t]
-                                                    if rw[0] == t0:
-                                                        p: T.int32 = sg[ch * {TS} + t]
-                                                        if {{guard_p}}:
-                                                            {{store}}
+                                    for a, b in T.grid({PER_THREAD}, {BG}):
+                                        acc[a, b] = T.{{dtype}}(0)
+                                    for f in range({c.F}):
+                                        for a, b in T.grid({PER_THREAD}, {BG}):
+                                            acc[a, b] = acc[a, b] + Zs[tid // {GT} * {PER_THREAD} + a, f] * Ws[f, T.min(tid % {GT} + b * {GT}, {c.G - 1})]
+                                    for a, b in T.grid({PER_THREAD}, {BG}):
+                                        t: T.int32 = tid // {GT} * {PER_THREAD} + a
+                                        g: T.int32 = tid % {GT} + b * {GT}
+                                        if g < {c.G}:
+                                            if t < ns[0] - ch * {TS}:
+                                                rw[0] = rs[t]
+                                                if rw[0] == t0:
+                                                    p: T.int32 = sg[ch * {TS} + t]
+                                                    if {{guard_p}}:
+                                                        {{store}}
                                     T.tvm_storage_sync("shared")
                             T.tvm_storage_sync("shared")
 """
