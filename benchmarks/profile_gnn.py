@@ -62,9 +62,7 @@ def main(argv=None) -> int:
     for gname in args.graph:
         adj = gp.load_graph(gname)
         n = adj.shape[0]
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(n, dims[0], generator=gen).to(device)
-        labels = torch.randint(0, dims[2], (n,), generator=gen).to(device)
+        x, labels = gp.node_inputs(torch, n, dims[0], dims[2], device)
         models = {}
         if "rgcn" in args.models:
             models.update(rgcn_models(torch, adj, args.relations, dims, device))

@@ -54,9 +54,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         adj = gp.load_graph(gname)
         n = adj.shape[0]
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(n, args.features, generator=gen).to(device)
-        labels = torch.randint(0, args.classes, (n,), generator=gen).to(device)
+        x, labels = gp.node_inputs(torch, n, args.features, args.classes, device)
         print(f"# {gname}: {n:,} nodes, {adj.nnz:,} edges ({time.perf_counter() - t0:.1f} s)", flush=True)
         cases = [("RGCN", r) for r in args.relations] + [("GAT", args.heads)]
         for model_name, k in cases:

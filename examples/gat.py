@@ -171,9 +171,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         adj = load(gname)
         n = adj.shape[0]
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(n, args.features, generator=gen).to(device)
-        labels = torch.randint(0, args.classes, (n,), generator=gen).to(device)
+        x, labels = gp.node_inputs(torch, n, args.features, args.classes, device)
         ei = torch.from_numpy(gp.edge_index(adj)).to(device)
         t1 = time.perf_counter()
         A = st.gat_graph(ei, n, fmt=args.format, device=device)  # + self-loops, as PyG's GATConv

@@ -52,6 +52,15 @@ def draw_relations(adj: sp.csr_matrix, relations: int, seed: int = RELATION_SEED
     return np.random.default_rng(seed).integers(0, relations, adj.nnz).astype(np.int64)
 
 
+def node_inputs(torch, n: int, features: int, classes: int, device):
+    """(x, labels): the random node features and class labels every GNN comparison feeds
+    its models, drawn with one fixed seed so that every script sees the same ones."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, features, generator=gen).to(device)
+    labels = torch.randint(0, classes, (n,), generator=gen).to(device)
+    return x, labels
+
+
 def edge_index(adj: sp.csr_matrix) -> np.ndarray:
     """PyG's ``[2, E]`` (source j, target i) for CSR order."""
     rows = np.repeat(np.arange(adj.shape[0]), np.diff(adj.indptr))

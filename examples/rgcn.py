@@ -77,9 +77,7 @@ def main(argv=None) -> int:
     for gname in args.graph:
         adj = gp.load_graph(gname)
         n = adj.shape[0]
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(n, args.features, generator=gen).to(device)
-        labels = torch.randint(0, args.classes, (n,), generator=gen).to(device)
+        x, labels = gp.node_inputs(torch, n, args.features, args.classes, device)
         print(f"# {gname}: {n:,} nodes, {adj.nnz:,} edges", flush=True)
         for R in args.relations:
             etype = gp.draw_relations(adj, R)
