@@ -86,17 +86,20 @@ def attention() -> Operator:
     return op
 
 
-def rgcn() -> Operator:
-    """Relational graph convolution: ``Y[i, g] = sum_r sum_j A[r, i, j] sum_f X[j, f] W[r, f, g]``.
+def rgcn(bias: bool = False) -> Operator:
+    """Relational graph convolution: ``Y[i, g] = sum_r sum_j A[r, i, j] sum_f X[j, f] W[r, f, g]``
+    (``+ b[g]`` with ``bias``).
 
     One pattern per relation r (the structure (r, i, j): relations above the rows), bound to
     the relations' matrices stacked along the rows (``sparsec.formats.stack_rows``: row
     r * n + i), in any format family: csr is CSR per relation, hyb buckets the (r, i)
     segments by length. A's values weigh the edges (1 / deg_r(i) for PyG's mean); a
     self-loop relation with W[r] = W_root carries the root term. X is cols x fin, W is
-    rel x fin x fout, Y is n x fout. On CUDA the schedule sums each segment's X rows first
-    and multiplies once by W[r] (``schedules.segment_contract``), in one launch."""
-    op = Operator("rgcn", "Y[i, g] = sum_r sum_j A[r, i, j] * sum_f X[j, f] * W[r, f, g]")
+    rel x fin x fout, b is fout, Y is n x fout. On CUDA the schedule sums each segment's X
+    rows first and multiplies once by W[r] (``schedules.segment_contract``); the bias is
+    the value the output starts from (``lower.fold_epilogue``), so it costs no pass of its own."""
+    name, text = ("rgcn_bias", " + b[g]") if bias else ("rgcn", "")
+    op = Operator(name, f"Y[i, g] = sum_r sum_j A[r, i, j] * sum_f X[j, f] * W[r, f, g]{text}")
     R = op.dense_fixed("r", extent="rel")
     I = op.dense_fixed("i", parent=R)
     J = op.sparse_variable("j", parent=I)
@@ -105,9 +108,13 @@ def rgcn() -> Operator:
     A = op.sparse_input("A", (R, I, J))
     X = op.dense_input("X", (J, F))
     W = op.dense_input("W", (R, F, G))
+    b = op.dense_input("b", (G,)) if bias else None
     Y = op.dense_output("Y", (I, G))
     with op.iterate([R, I, J, G, F], "RSRSR") as (r, i, j, g, f):
         Y[i, g] += A[r, i, j] * X[j, f] * W[r, f, g]
+    if bias:
+        with op.iterate([I, G], "SS") as (i, g):
+            Y[i, g] = Y[i, g] + b[g]
     return op
 
 
@@ -375,6 +382,7 @@ LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "att
                                               "multihead_spmm": multihead_spmm, "multihead_sddmm": multihead_sddmm,
                                               "gat": gat, "edge_softmax": edge_softmax, "gat_grad_rows": gat_grad_rows,
                                               "gat_grad_cols": gat_grad_cols, "rgcn": rgcn,
+                                              "rgcn_bias": lambda: rgcn(bias=True),
                                               "batched_spmm": batched_spmm}
 
 

@@ -69,10 +69,11 @@ class RelationalGraph:
         self.segment_bounds = np.searchsorted(seg_rel, np.arange(self.rel + 1)).tolist()
         self._kernels = {}  # (op, instance, widths) -> compiled kernel
 
-    def kernel(self, transposed: bool, fin: int, fout: int):
-        """The compiled ``rgcn`` for the stacked matrix (or its transpose) at these widths."""
+    def kernel(self, transposed: bool, fin: int, fout: int, bias: bool = False):
+        """The compiled ``rgcn`` (``rgcn_bias`` with ``bias``: the bias is the value the sum
+        starts from, no pass of its own) for the stacked matrix (or its transpose)."""
         inst = self.transposed if transposed else self.matrix
-        return self._compiled("rgcn", inst, rel=self.rel, fin=fin, fout=fout)
+        return self._compiled("rgcn_bias" if bias else "rgcn", inst, rel=self.rel, fin=fin, fout=fout)
 
     def segment_spmm(self, feat: int):
         """The compiled SpMM over the non-empty stacked rows (the weight gradient's Z)."""
@@ -89,23 +90,32 @@ class RelationalGraph:
 
 
 class _RGCNFunction(torch.autograd.Function):
+    """``sum_r A_r x W_r (+ bias)`` with W the packed (rel, fin, fout) weights; ``parts`` are
+    the parameters W was packed from (all relations, or the relations and the root), which
+    get its gradient split back."""
+
     @staticmethod
-    def forward(ctx, x, weight, graph):
-        ctx.graph = graph
-        ctx.save_for_backward(x, weight)
-        k = graph.kernel(False, weight.shape[1], weight.shape[2])
-        return k(graph.matrix, x.detach().contiguous(), weight.detach().contiguous())
+    def forward(ctx, x, packed, bias, graph, *parts):
+        ctx.graph, ctx.sizes = graph, [p.shape[0] if p.dim() == 3 else 1 for p in parts]
+        ctx.shapes = [p.shape for p in parts]
+        ctx.save_for_backward(x, packed)
+        k = graph.kernel(False, packed.shape[1], packed.shape[2], bias=bias is not None)
+        args = (x.detach().contiguous(), packed.detach().contiguous())
+        return k(graph.matrix, *args, bias.detach().contiguous()) if bias is not None else k(graph.matrix, *args)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         graph = ctx.graph
         dy = dy.detach().contiguous()
-        dx = dw = None
+        dx = dbias = None
         if ctx.needs_input_grad[0]:
             k = graph.kernel(True, weight.shape[2], weight.shape[1])
             dx = k(graph.transposed, dy, weight.detach().transpose(1, 2).contiguous())
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[2]:
+            dbias = dy.sum(0)
+        dparts = [None] * len(ctx.sizes)
+        if any(ctx.needs_input_grad[4:]):
             z = graph.segment_spmm(x.shape[1])(graph.segments, x.detach().contiguous())
             dyg = dy.index_select(0, graph.segment_node)
             dw = torch.zeros_like(weight)
@@ -113,18 +123,26 @@ class _RGCNFunction(torch.autograd.Function):
             for r in range(graph.rel):
                 if b[r + 1] > b[r]:
                     dw[r] = z[b[r]:b[r + 1]].T @ dyg[b[r]:b[r + 1]]
-        return dx, dw, None
+            dparts = [d.reshape(shape) for d, shape in zip(torch.split(dw, ctx.sizes), ctx.shapes)]
+        return (dx, None, dbias, None, *dparts)
 
 
-def rgcn(graph: RelationalGraph, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``sum_r A_r x W[r]`` (W: rel x fin x fout, its last relation the root weight when the
-    graph has one), differentiable in x and W."""
-    if weight.dim() != 3 or weight.shape[0] != graph.rel:
+def rgcn(graph: RelationalGraph, x: torch.Tensor, weight: torch.Tensor,
+         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``sum_r A_r x W[r] (+ bias)`` (W: rel x fin x fout, its last relation the root weight
+    when the graph has one), differentiable in x, W and bias; one launch of the contraction."""
+    _check_inputs(graph, x, weight.shape, bias)
+    return _RGCNFunction.apply(x, weight, bias, graph, weight)
+
+
+def _check_inputs(graph: RelationalGraph, x, wshape, bias) -> None:
+    if len(wshape) != 3 or wshape[0] != graph.rel:
         raise ValueError(f"weight should be ({graph.rel}, fin, fout) (relations{' + root' if graph.root else ''}), "
-                         f"got {tuple(weight.shape)}")
-    if x.dim() != 2 or x.shape[0] != graph.n or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x should be ({graph.n}, {weight.shape[1]}), got {tuple(x.shape)}")
-    return _RGCNFunction.apply(x, weight, graph)
+                         f"got {tuple(wshape)}")
+    if x.dim() != 2 or x.shape[0] != graph.n or x.shape[1] != wshape[1]:
+        raise ValueError(f"x should be ({graph.n}, {wshape[1]}), got {tuple(x.shape)}")
+    if bias is not None and tuple(bias.shape) != (wshape[2],):
+        raise ValueError(f"bias should be ({wshape[2]},), got {tuple(bias.shape)}")
 
 
 class RGCNConv(torch.nn.Module):
@@ -139,8 +157,21 @@ class RGCNConv(torch.nn.Module):
         torch.nn.init.xavier_uniform_(self.weight)
         torch.nn.init.xavier_uniform_(self.root)
 
+        self._packed = (None, None)  # (parameter versions, [W; W_root]) -- see packed_weight
+
+    def packed_weight(self) -> torch.Tensor:
+        """``[W_0 .. W_{R-1}, W_root]`` as the kernel reads it, repacked only when a parameter
+        changed (its version counter moved: an optimizer step, ``load_state_dict``), so
+        inference pays no copy per call."""
+        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in (self.weight, self.root))
+        if self._packed[0] != key:
+            with torch.no_grad():
+                self._packed = (key, torch.cat([self.weight, self.root[None]]).contiguous())
+        return self._packed[1]
+
     def forward(self, graph: RelationalGraph, x: torch.Tensor) -> torch.Tensor:
         if not graph.root:
             raise ValueError("RGCNConv has a root weight: build the graph with root=True")
-        y = rgcn(graph, x, torch.cat([self.weight, self.root[None]]))
-        return y + self.bias if self.bias is not None else y
+        packed = self.packed_weight()
+        _check_inputs(graph, x, packed.shape, self.bias)
+        return _RGCNFunction.apply(x, packed, self.bias, graph, self.weight, self.root)

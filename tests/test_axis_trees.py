@@ -124,14 +124,60 @@ def test_torch_rgcn_matches_dense_autograd():
     g = RelationalGraph(adj, types, R)
     torch.manual_seed(0)
     conv = RGCNConv(4, 3, R)
+    with torch.no_grad():
+        conv.bias.normal_()
     x = torch.randn(adj.shape[0], 4, requires_grad=True)
     up = torch.randn(adj.shape[0], 3)
     (conv(g, x) * up).sum().backward()
     mats = [torch.tensor(m.toarray()) for m in unstack_rows(g.matrix.to_scipy(), g.rel)]
     x2 = x.detach().clone().requires_grad_(True)
     W2 = torch.cat([conv.weight, conv.root[None]]).detach().clone().requires_grad_(True)
-    y2 = sum(m @ x2 @ W2[r] for r, m in enumerate(mats)) + conv.bias.detach()
+    b2 = conv.bias.detach().clone().requires_grad_(True)
+    y2 = sum(m @ x2 @ W2[r] for r, m in enumerate(mats)) + b2
     (y2 * up).sum().backward()
+    assert torch.allclose(conv.bias.grad, b2.grad, atol=1e-5)
     assert torch.allclose(x.grad, x2.grad, atol=1e-5)
     assert torch.allclose(conv.weight.grad, W2.grad[:R], atol=1e-5)
     assert torch.allclose(conv.root.grad, W2.grad[R], atol=1e-5)
+
+
+def test_packed_weight_follows_parameter_updates():
+    torch = pytest.importorskip("torch")
+    from sparsec.torch_rgcn import RelationalGraph, RGCNConv
+
+    adj, R = _graph(), 2
+    g = RelationalGraph(adj, np.random.default_rng(4).integers(0, R, adj.nnz), R)
+    conv = RGCNConv(3, 2, R)
+    x = torch.randn(adj.shape[0], 3)
+    before = conv(g, x).detach().clone()
+    assert conv.packed_weight() is conv.packed_weight()  # no repacking while the parameters hold still
+    with torch.no_grad():
+        conv.root.mul_(2.0)  # an optimizer step: in place
+    mats = [torch.tensor(m.toarray()) for m in unstack_rows(g.matrix.to_scipy(), g.rel)]
+    W = torch.cat([conv.weight, conv.root[None]]).detach()
+    expected = sum(m @ x @ W[r] for r, m in enumerate(mats)) + conv.bias.detach()
+    after = conv(g, x).detach()
+    assert torch.allclose(after, expected, atol=1e-5) and not torch.allclose(after, before)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "hyb"])
+def test_bias_is_the_value_the_sum_starts_from(fmt):
+    """rgcn_bias has no pass for its bias: the fill nest stores b, and the result, empty rows
+    included, is the sum plus b."""
+    from sparsec.lower.bind import bind
+    from sparsec.lower.fold_epilogue import fold_epilogues
+    from sparsec.lower.positions import lower_positions
+
+    R, n = 3, 10
+    mats = [sp.random(n, n, density=0.3, random_state=r, format="csr", dtype=np.float32) for r in range(R)]
+    mats[1] = sp.csr_matrix((n, n), dtype=np.float32)  # a relation without edges: every row empty
+    inst = convert(stack_rows(mats), fmt)
+    prog = fold_epilogues(lower_positions(bind(ops.get("rgcn_bias"), inst.format, {"rel": R, "fin": 2, "fout": 3})))
+    assert not any(nest.dense for nest in prog.nests)
+    assert [nest.value for nest in prog.nests if nest.fill][0].buffer == "b"
+    rng = np.random.default_rng(5)
+    X, W, b = rng.standard_normal((n, 2)), rng.standard_normal((R, 2, 3)), rng.standard_normal(3)
+    k = sparsec.compile("rgcn_bias", inst, target="llvm", rel=R, fin=2, fout=3)
+    y = k(inst, X.astype(np.float32), W.astype(np.float32), b.astype(np.float32), poison=True)
+    ref = sum(m.toarray().astype(np.float64) @ X @ W[r] for r, m in enumerate(mats)) + b
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)

@@ -21,6 +21,7 @@ from ..formats import CompositeFormat, Format
 from .bind import BoundOperator, bind, check_params
 from .emit import emit_script
 from .flatten import FlatProgram, flatten
+from .fold_epilogue import fold_epilogues
 from .positions import PositionProgram, lower_positions
 
 TVM_ERROR_LINES = 12  # lines of a TVM parse error kept in the message (it quotes the offending line)
@@ -71,8 +72,9 @@ def bind_stage(op: Operator, ctx: LowerContext) -> BoundOperator:
 
 
 def positions_stage(bound: BoundOperator, ctx: LowerContext) -> PositionProgram:
-    """Stage II: loops in position space, guards for padding and edges."""
-    return lower_positions(bound)
+    """Stage II: loops in position space, guards for padding and edges; an added term after a
+    shared-row sum becomes the value its fill starts from (``fold_epilogue``)."""
+    return fold_epilogues(lower_positions(bound))
 
 
 def flat_stage(prog: PositionProgram, ctx: LowerContext) -> FlatProgram:
