@@ -69,20 +69,22 @@ def main(argv=None) -> int:
             stacked = stack_rows(adj, types, rel).astype(np.float32)
             X = rng.standard_normal((adj.shape[1], fin)).astype(np.float32)
             W = rng.standard_normal((rel, fin, fout)).astype(np.float32)
+            b = rng.standard_normal(fout).astype(np.float32)
             ref = rgcn_reference(stacked, rel, X, W)
             for fmt in FORMATS:
-                row = {"op": "rgcn", "graph": gname, "rel": rel, "fin": fin, "fout": fout, "fmt": fmt}
-                try:
-                    inst = convert(stacked, fmt)
-                    k = sparsec.compile(ops.rgcn(), inst, target=args.target, rel=rel, fin=fin, fout=fout)
-                    row["launches"] = k.source().count("__global__") // 2 if args.target == "cuda" else None
-                    row["segment_contract"] = "l__Zs" in k.source() if args.target == "cuda" else None
-                    row["err"] = max_rel_err(k(inst, X, W, poison=True), ref)
-                except Exception as e:  # noqa: BLE001 - reported per case
-                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                row["ok"] = row.get("err", np.inf) <= TOL
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                for name, extra, expected in (("rgcn", (), ref), ("rgcn_bias", (b,), ref + b)):
+                    row = {"op": name, "graph": gname, "rel": rel, "fin": fin, "fout": fout, "fmt": fmt}
+                    try:
+                        inst = convert(stacked, fmt)
+                        k = sparsec.compile(name, inst, target=args.target, rel=rel, fin=fin, fout=fout)
+                        row["launches"] = k.source().count("__global__") // 2 if args.target == "cuda" else None
+                        row["segment_contract"] = "l__Zs" in k.source() if args.target == "cuda" else None
+                        row["err"] = max_rel_err(k(inst, X, W, *extra, poison=True), expected)
+                    except Exception as e:  # noqa: BLE001 - reported per case
+                        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    row["ok"] = row.get("err", np.inf) <= TOL
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
         batch, feat = 3, 32
         mats = [sp.csr_matrix(adj[np.random.default_rng(b).permutation(adj.shape[0])]) for b in range(batch)]
         stacked = stack_rows(mats).astype(np.float32)
