@@ -38,11 +38,14 @@ def load_matrix(args):
     return datasets.default_matrix(), 0, f"embedded {datasets.DEFAULT_MATRIX}"
 
 
+NM_FAMILIES = ("nm", "mma_sp", "nm_tc")  # N:M patterns a matrix is magnitude-pruned to (mma_sp: 2:4)
+
+
 def prune_nm(matrix, params):
     """The stored entries of ``matrix`` that N:M magnitude pruning keeps (formats.nm.prune's
     rule, applied without densifying), and the source's nnz."""
     src = formats.as_csr(matrix)
-    pruned = formats.nm.prune_stored(src, n=params["n"], m=params["m"], vec=params.get("vec") or 1)
+    pruned = formats.nm.prune_stored(src, n=params.get("n", 2), m=params.get("m", 4), vec=params.get("vec") or 1)
     return pruned, int(src.nnz)
 
 
@@ -57,7 +60,7 @@ def convert(matrix, spec, params, dtype):
     """The instance (nm pruned, srbcrs int8/int4 quantized when needed) and what was done."""
     info = {"pruned": False, "quantized": False, "scale": None, "source_nnz": None}
     family = formats.parse_spec(spec)[0].NAME
-    if family == "nm":
+    if family in NM_FAMILIES:
         matrix, info["source_nnz"] = prune_nm(matrix, params)
         info["pruned"] = True
     if family == "srbcrs" and dtype in ("int8", "int4") and not is_int_in_range(matrix, dtype):
