@@ -177,7 +177,15 @@ def _pipeline_prune(program, knobs) -> Optional[str]:
     return None
 
 
-@transformation(knobs={k: Knob(tuple(v)) for k, v in tpp.KNOBS.items()}, resolve=_pipeline_resolve,
+# what the tuner searches of tc_pipeline's knobs: the full space every choice except the
+# grouped order's extremes (1 and 64 were never best on the H200, nm_tc_sweep_H200.json); the
+# small one the warp tiles and stages (block shape and pipeline depth decide most of the time)
+_SEARCH = {"group_m": (8, 16)}
+_SMALL = {"warp_m_tiles": (4, 1), "warp_n_tiles": (4, 2), "warps_m": (2, 4), "warps_n": (2, 1), "stages": (3, 4)}
+
+
+@transformation(knobs={k: Knob(tuple(v), search=_SEARCH.get(k), small=_SMALL.get(k))
+                       for k, v in tpp.KNOBS.items()}, resolve=_pipeline_resolve,
                 prune=_pipeline_prune)
 def tc_pipeline_spmm(built, program, **knobs):
     """Build ``schedules.tc_pipeline``'s kernel (sp24 or gather) for ``program`` into

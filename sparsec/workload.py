@@ -59,9 +59,11 @@ def is_int_in_range(matrix, dtype):
 def convert(matrix, spec, params, dtype):
     """The instance (nm pruned, srbcrs int8/int4 quantized when needed) and what was done."""
     info = {"pruned": False, "quantized": False, "scale": None, "source_nnz": None}
-    family = formats.parse_spec(spec)[0].NAME
-    if family in NM_FAMILIES:
-        matrix, info["source_nnz"] = prune_nm(matrix, params)
+    module, spec_params = formats.parse_spec(spec)
+    family = module.NAME
+    if family in NM_FAMILIES:  # N, M and V from the spec unless given (mma_sp: 2:4)
+        given = {**spec_params, **{k: v for k, v in params.items() if v is not None}}
+        matrix, info["source_nnz"] = prune_nm(matrix, given)
         info["pruned"] = True
     if family == "srbcrs" and dtype in ("int8", "int4") and not is_int_in_range(matrix, dtype):
         info["source_nnz"] = int(formats.as_csr(matrix).nnz)

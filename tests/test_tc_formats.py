@@ -181,3 +181,17 @@ def test_user_operator_with_bias_and_relu_runs_mma_sp_with_the_epilogue():
     assert [p.name for p in k.params] == ["sp24_values", "sp24_meta", "B", "bias", "C"]
     ptx = nvcc_ptx(k.source(), "sm_90a")
     assert SP24 in ptx and "max.f32" in ptx
+
+
+def test_tuner_derives_the_tensor_core_space_from_the_declarations():
+    from sparsec.tune.space import Space
+
+    m = sp.random(64, 128, density=0.3, random_state=0, format="csr", dtype=np.float32)
+    s = Space("spmm", m, 64, dtype="float16", families=("mma_sp", "nm_tc"), size="small")
+    tc = [c for c in s.candidates if c["format"] in ("mma_sp", "nm_tc:1:8:v128")]
+    assert {c["format"] for c in tc} == {"mma_sp", "nm_tc:1:8:v128"} and len(tc) > 2
+    assert all(set(c["schedule_knobs"]) == set(tensorcore_packed.tc_pipeline_spmm.knobs) for c in tc)
+    assert all(128 % (16 * c["schedule_knobs"]["warps_m"] * c["schedule_knobs"]["warp_m_tiles"]) == 0
+               for c in tc if c["format"].startswith("nm_tc"))  # a block gathers one row vector's columns
+    q = Space("spmm", m, 64, dtype="int8", families=("srbcrs",), size="full")
+    assert {c["format"] for c in q.candidates} >= {"srbcrs:v2,int8", "srbcrs:v8,int8"}
