@@ -156,6 +156,12 @@ def declare(n=None, m=None, vec=1) -> Format:
     return Format(NAME, axes, (("n", n), ("m", m), ("vec", vec)), slot_mask=MASK)
 
 
+def tensor_core_layout(fmt: Format, dtype: str):
+    """Element-wise 2:4 with float16 values runs on ``mma.sp`` (the kernel layer packs the
+    operand from the instance once, ``formats.mma_sp``); other N:M on CUDA cores."""
+    return "sp24" if _nmv(fmt) == (2, 4, 1) and dtype == "float16" else None
+
+
 def _nmv(inst_or_fmt):
     fmt = inst_or_fmt.format if isinstance(inst_or_fmt, FormatInstance) else inst_or_fmt
     return int(fmt.param("n")), int(fmt.param("m")), int(fmt.param("vec", 1))

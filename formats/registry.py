@@ -17,7 +17,7 @@ from .composite import CompositeFormat, reuse_problem, takes_part
 from .composite import matrix_requirements as _requirements
 
 # one module per family, in the order `sparsec formats` lists them
-FAMILY_MODULES = ("csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr")
+FAMILY_MODULES = ("csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr", "mma_sp_format", "nm_tc_format")
 
 
 _FAMILIES = {m.NAME: m for m in (importlib.import_module(f".{n}", __package__) for n in FAMILY_MODULES)}
@@ -27,6 +27,15 @@ FAMILIES.update(_FAMILIES)
 def families() -> List[Tuple[str, str]]:
     """(name, one-line description) of every format family."""
     return [(name, m.DESCRIPTION) for name, m in _FAMILIES.items()]
+
+
+def tensor_core_layout(fmt: Format, dtype: str) -> Optional[str]:
+    """The packed Tensor Core operand a format hands a kernel for values of ``dtype``
+    (``schedules.tensorcore_packed.OPERANDS`` names them), or None: each family declares its
+    own capability (a ``tensor_core_layout(fmt, dtype)`` function)."""
+    m = _FAMILIES.get(fmt.name)
+    fn = getattr(m, "tensor_core_layout", None)
+    return fn(fmt, dtype) if fn is not None else None
 
 
 def _module(name: str) -> ModuleType:

@@ -153,6 +153,12 @@ def declare(vec=None, dtype=None) -> Format:
                   slot_mask=MASK)
 
 
+def tensor_core_layout(fmt: Format, dtype: str):
+    """int8 runs on the integer ``mma`` (``schedules.srbcrs_tensorcore`` reads indptr, indices
+    and the int8 values as they are); int4 and float16 on CUDA cores."""
+    return "srbcrs_int8" if dtype == "int8" and fmt.param("dtype") == "int8" else None
+
+
 def _params(inst_or_fmt):
     fmt = inst_or_fmt.format if isinstance(inst_or_fmt, FormatInstance) else inst_or_fmt
     v, d = _vec(fmt.param("vec")), _dtype(fmt.param("dtype"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from . import cpu, cuda, tensorcore
+from . import cpu, cuda, tensorcore, tensorcore_packed
 from .knobs import ANY, Transformation, group
 
 TARGET_KINDS = ("llvm", "cuda")
@@ -38,6 +38,9 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None) -> List[U
     template's ``n_tile``)."""
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
+    packed = tensorcore_packed.match(program, target_kind)
+    if packed is not None:
+        return [Use(tensorcore_packed.transformation_for(packed), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]
     steps = cpu.plan(program) if target_kind == "llvm" else cuda.plan(program)

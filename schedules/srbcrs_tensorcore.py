@@ -33,25 +33,40 @@ KNOBS = {"n_bytes": (16, 4, 8), "warps": (4, 1, 2, 8)}
 _LO, _HI, _LO16, _HI16 = 0x5140, 0x7362, 0x5410, 0x7632
 
 
-def check(M: int, K: int, N: int, vec: int, out_dtype: str, n_bytes: int, warps: int):
-    check_sizes(M=M, K=K, N=N)
+def check(M, K, N: int, vec: int, out_dtype: str, n_bytes: int, warps: int):
+    if (M is None) != (K is None):
+        raise ValueError(f"M and K should both be sizes or both be None (any size), got M={M!r}, K={K!r}")
+    check_sizes(N=N, **{k: v for k, v in (("M", M), ("K", K)) if v is not None})
     check_choice("vec (V)", vec, VECS)
     check_choice("out_dtype", out_dtype, OUT_DTYPES)
     check_knobs({"n_bytes": n_bytes, "warps": warps}, KNOBS)
 
 
-def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int32", n_bytes: int = 16,
-                     warps: int = 4):
+def spmm_srbcrs_int8(M, K, N: int, vec: int, *, out_dtype: str = "int32", n_bytes: int = 16,
+                     warps: int = 4, name: str = "srbcrs_spmm"):
     """PrimFunc ``srbcrs_spmm(indptr, indices, values, B, C[, row_scale, b_scale])`` over an
     ``srbcrs:v{vec},int8`` instance's arrays: ``indptr``, ``indices`` (int32) and ``data``
     passed as uint32 words (``data.view(np.uint32)``). Whatever the arrays hold, every read
-    stays inside them: row bounds are clamped to ``indices``, gathered rows to B."""
+    stays inside them: row bounds are clamped to ``indices``, gathered rows to B.
+
+    ``M = K = None`` gives a kernel for any size (what ``sparsec.compile`` builds for the
+    format): M, K and the vector rows are read from C, B and ``indptr`` when it is called,
+    and ``data`` is passed as the instance holds it (int8), read a word at a time all the
+    same. ``name`` is the kernel's symbol."""
     from tvm.script import tirx as T
 
     check(M, K, N, vec, out_dtype, n_bytes, warps)
     V, w = vec, n_bytes
     tiles, groups = w // 2, w // 4  # MMA tiles per warp; 4-byte groups per slot row
-    m_vec = -(-M // V)
+    dynamic = M is None
+    if dynamic:
+        from tvm import tirx
+
+        M, K, ip_len = tirx.Var("M", "int32"), tirx.Var("K", "int32"), tirx.Var("vector_rows_1", "int32")
+        m_vec = ip_len - 1
+    else:
+        m_vec = -(-M // V)
+        ip_len = m_vec + 1
     per_warp = 8 * w
     grid_n = -(-N // (per_warp * warps))
     full = N % (per_warp * warps) == 0  # every column a lane touches is in range
@@ -128,7 +143,7 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
                     C[row, n0 + c] = out[v2 * w + c]
 
     @T.macro
-    def body(IP, IX, Dw, B, C, RS, bs):
+    def body(IP, IX, Dv, B, C, RS, bs):
         bx = T.env_thread("blockIdx.x")
         by = T.env_thread("blockIdx.y")
         ty = T.env_thread("threadIdx.y")
@@ -137,6 +152,7 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
         T.launch_thread(by, m_vec)
         T.launch_thread(ty, warps)
         T.launch_thread(tx, 32)
+        Dw = T.decl_buffer((IX.shape[0] * V // 4,), "uint32", data=Dv.data)  # the values as words
         rows = T.decl_buffer([8 * w], "int8", scope="local")
         rw = T.decl_buffer([2 * w], "uint32", data=rows.data, scope="local")
         idx = T.decl_buffer([8], "int32", scope="local")
@@ -165,16 +181,17 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
     @T.macro
     def operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale):
         slots = T.int32()
-        IP = T.match_buffer(indptr_h, (m_vec + 1,), "int32")
+        IP = T.match_buffer(indptr_h, (ip_len,), "int32")
         IX = T.match_buffer(indices_h, (slots,), "int32")
-        Dw = T.match_buffer(values_h, (slots * V // 4,), "uint32")  # int8 values, read a word at a time
+        # int8 values, read a word at a time: as words (uint32), or as the instance holds them
+        Dv = T.match_buffer(values_h, (slots * V,) if dynamic else (slots * V // 4,), "int8" if dynamic else "uint32")
         B = T.match_buffer(b_h, (K, N), "int8")
         C = T.match_buffer(c_h, (M, N), out_dtype)
         if scaled:
             RS = T.match_buffer(scale_h, (M,), "float32")
-            body(IP, IX, Dw, B, C, RS, b_scale)
+            body(IP, IX, Dv, B, C, RS, b_scale)
         else:
-            body(IP, IX, Dw, B, C, None, None)
+            body(IP, IX, Dv, B, C, None, None)
 
     if scaled:
         @T.prim_func(s_tir=True)
@@ -182,13 +199,13 @@ def spmm_srbcrs_int8(M: int, K: int, N: int, vec: int, *, out_dtype: str = "int3
                         c_h: T.handle, scale_h: T.handle, b_scale: T.float32):
             T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
             operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale)
-        return srbcrs_spmm
+        return srbcrs_spmm.with_attr("global_symbol", name)
 
     @T.prim_func(s_tir=True)
     def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle, c_h: T.handle):
         T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
         operands_of(indptr_h, indices_h, values_h, b_h, c_h, None, None)
-    return srbcrs_spmm
+    return srbcrs_spmm.with_attr("global_symbol", name)
 
 
 def build(M: int, K: int, N: int, vec: int, *, arch: str = "sm_90a", **knobs):

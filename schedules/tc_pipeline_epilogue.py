@@ -52,7 +52,8 @@ def epilogue_macros(p: Plan) -> SimpleNamespace:
         """The fp32 accumulator of output row ``row`` with the bias (and, with ``act``, the
         activation) applied."""
         if p.bias:
-            v = v + Bias[T.min(row, p.M - 1)]
+            b = Bias[T.min(row, p.M - 1)]
+            v = v + (b if p.bias_dtype == "float32" else T.Cast("float32", b))
         return activate(v) if act else v
 
     def out_line(it, tid):

@@ -49,10 +49,18 @@ def swizzle(row, chunk, chunks: int):
     return chunk
 
 
-def grouped_tile(pid, grid_m: int, grid_n: int, group_m: int):
+def grouped_tile(pid, grid_m, grid_n: int, group_m: int):
     """(row tile, column tile) of block ``pid`` (an int, or the block index in a kernel) when
     blocks walk ``group_m`` row tiles down before one column tile right; the last group
-    holds what rows are left."""
+    holds what rows are left. ``grid_m`` may be a PrimExpr (a kernel for any row count)."""
+    if not isinstance(grid_m, int):
+        from tvm.script import tirx as T
+
+        group = T.min(group_m, grid_m)
+        in_group = group * grid_n
+        first = pid // in_group * group
+        rows = T.min(grid_m - first, group)
+        return first + pid % in_group % rows, pid % in_group // rows
     group = min(group_m, grid_m)
     in_group = group * grid_n
     first = pid // in_group * group
@@ -77,9 +85,10 @@ def smem_bytes(mode: str, knobs) -> int:
 
 
 def check(mode, M, K, N, dtype, out_dtype, vec, knobs):
-    """ValueError naming the argument or knob the kernel cannot take."""
+    """ValueError naming the argument or knob the kernel cannot take (M and K None: a
+    kernel for any size, read from its operands' shapes)."""
     check_choice("mode", mode, MODES)
-    check_sizes(M=M, K=K, N=N)
+    check_sizes(N=N, **{k: v for k, v in (("M", M), ("K", K)) if v is not None})
     check_choice("dtype", dtype, sorted(DTYPES))
     check_choice("out_dtype", out_dtype, OUT_DTYPES)
     check_knobs(knobs, KNOBS)
@@ -115,6 +124,7 @@ class Plan:
     out_dtype: str
     vec: int  # gather: rows per row vector (they share their gathered columns)
     bias: bool
+    bias_dtype: str  # the bias operand's dtype (added in float32)
     activation: str
     transpose_c: bool
     # the knobs
@@ -190,11 +200,30 @@ class Plan:
         return grouped_tile(pid, self.grid_m, self.grid_n, self.group_m)[1]
 
 
+def _dynamic_operands(mode: str) -> dict:
+    """A kernel for any size: M, K and the packed shapes are variables bound from the
+    operands' shapes when it is called (each read stays inside its own operand)."""
+    from tvm import tirx as tir
+
+    def var(name):
+        return tir.Var(name, "int32")
+
+    M, K, a_rows, a_cols = var("M"), var("K"), var("a_rows"), var("a_cols")
+    if mode == "sp24":
+        tiles_m, tiles_k = var("tiles_m"), var("tiles_k")
+        return dict(M=M, K=K, a_rows=a_rows, a_cols=a_cols, k_rows=a_cols * 2, k_valid=K, tiles_m=tiles_m,
+                    tiles_k=tiles_k, e_shape=(tiles_m, tiles_k, 16), e_dtype="uint32")
+    return dict(M=M, K=K, a_rows=a_rows, a_cols=a_cols, k_rows=a_cols, k_valid=a_cols, tiles_m=0, tiles_k=0,
+                e_shape=(var("vectors"), a_cols), e_dtype="int32")
+
+
 def _operands(mode: str, M: int, K: int, vec: int, kc: int) -> dict:
     """A's packed shape, the K walk and the index operand E: formats.mma_sp's padded 2:4
     packing (E the metadata) or formats.nm_tc's gathered columns (E the column indices)."""
     from sparsec.formats.mma_sp import padded_shape
 
+    if M is None:
+        return _dynamic_operands(mode)
     if mode == "sp24":
         mp, kp = padded_shape(M, K)
         return dict(a_rows=mp, a_cols=kp // 2, k_rows=kp, k_valid=K, tiles_m=mp // 16, tiles_k=kp // 32,
@@ -207,12 +236,18 @@ def _operands(mode: str, M: int, K: int, vec: int, kc: int) -> dict:
                 e_dtype="int32")
 
 
-def make_plan(mode: str, M: int, K: int, N: int, *, dtype: str, out_dtype: str, vec: int, kc: int, bias: bool,
-         activation: str, transpose_c: bool, knobs: dict) -> Plan:
+def make_plan(mode: str, M, K, N: int, *, dtype: str, out_dtype: str, vec: int, kc: int, bias: bool,
+              activation: str, transpose_c: bool, knobs: dict, bias_dtype: str = "float32") -> Plan:
     """The checked :class:`Plan` of ``spmm``'s arguments; knobs not given take their first
-    choice."""
+    choice. ``M = K = None``: a kernel for any size (``_dynamic_operands``), whose bounds
+    checks all stay."""
     knobs = {**{k: v[0] for k, v in KNOBS.items()}, **knobs}
+    if (M is None) != (K is None):
+        raise ValueError(f"M and K should both be sizes or both be None (any size), got M={M!r}, K={K!r}")
+    if M is None and transpose_c:
+        raise ValueError("transpose_c needs M and K given (a kernel for one size)")
     check(mode, M, K, N, dtype, out_dtype, vec, knobs)
+    check_choice("bias_dtype", bias_dtype, ("float32",) + tuple(DTYPES))
     check_choice("activation", activation, ACTIVATIONS)
     mt, nt, ks, stages = knobs["warp_m_tiles"], knobs["warp_n_tiles"], knobs["k_steps"], knobs["stages"]
     sp = mode == "sp24"
@@ -221,6 +256,8 @@ def make_plan(mode: str, M: int, K: int, N: int, *, dtype: str, out_dtype: str, 
     BK = (32 if sp else 16) * ks
     CB, CA = BN // 8, 2 * ks
     ops = _operands(mode, M, K, vec, kc)
+    dynamic = M is None
+    M, K = ops.pop("M", M), ops.pop("K", K)
     # shared memory: the stages of B, of A, and of sp24's metadata (32 uint32 per tile)
     a_base = stages * BK * BN
     e_base = a_base + stages * BM * CA * 8
@@ -237,11 +274,12 @@ def make_plan(mode: str, M: int, K: int, N: int, *, dtype: str, out_dtype: str, 
     # Shapes that fill every tile need no bounds checks: the copies and stores are emitted
     # without them (fewer integer instructions per MMA in the main loop).
     aligned = N % 8 == 0
-    k_full = ops["k_valid"] % BK == 0 and ops["k_rows"] == ops["k_valid"]
+    k_full = not dynamic and ops["k_valid"] % BK == 0 and ops["k_rows"] == ops["k_valid"]
     n_full = aligned and N % BN == 0
-    m_full = ops["a_rows"] % BM == 0 and M % BM == 0
+    m_full = not dynamic and ops["a_rows"] % BM == 0 and M % BM == 0
     return Plan(
-        mode=mode, M=M, K=K, N=N, dtype=dtype, out_dtype=out_dtype, vec=vec, bias=bias, activation=activation,
+        mode=mode, M=M, K=K, N=N, dtype=dtype, out_dtype=out_dtype, vec=vec, bias=bias, bias_dtype=bias_dtype,
+        activation=activation,
         transpose_c=transpose_c, warps_m=knobs["warps_m"], warps_n=knobs["warps_n"], mt=mt, nt=nt, ks=ks,
         stages=stages, frag_sets=knobs["frag_sets"], group_m=knobs["group_m"],
         BM=BM, BN=BN, WM=16 * mt, WN=8 * nt, NT=NT, BK=BK, CB=CB, CA=CA, grid_m=_ceil(M, BM), grid_n=_ceil(N, BN),

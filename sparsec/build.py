@@ -22,7 +22,7 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore
+from .schedules import default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore, tensorcore_packed
 from .targets import parse_target
 
 UNROLL_MODES = ("explicit", "pragma")
@@ -84,8 +84,12 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         refuse_on_cuda(operator, fmt)
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda",
                                   segment_splits=splits)
-    config = {}
-    if tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
+    config, params = {}, _param_specs(program)
+    packed = tensorcore_packed.match(program, spec.kind)
+    if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
+        sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
+        mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]
+    elif tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
         sch, used = tensorcore.schedule(program, **(knobs or {}))
         mod, config = sch.mod, tensorcore.PASS_CONFIG
     else:
@@ -97,7 +101,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
             config = cuda_unroll_config()
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=2, config=config):
         ex = tvm.compile(mod, target=spec.tvm_target())
-    return Kernel(operator.name, fmt.spec, spec, dtype, _param_specs(program), used, ex,
+    return Kernel(operator.name, fmt.spec, spec, dtype, params, used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())
 
 

@@ -28,6 +28,9 @@ KNOB_HELP: Dict[str, Dict[str, tuple]] = {
     "nm": {"n": ("--n N", "slots kept per window (1 <= N < M)"),
            "m": ("--m M", "window of M consecutive columns"),
            "vec": ("--vec V", "V consecutive rows share one pattern (1, 2, 4, 8, 16, 32)")},
+    "nm_tc": {"n": ("--n N", "columns kept per window (1 <= N < M)"),
+              "m": ("--m M", "window of M consecutive columns"),
+              "vec": ("--vec V", "V consecutive rows share one pattern (16, 32, 64, 128; default 128)")},
     "srbcrs": {"vec": ("--vec V", "rows per column vector (2, 4, 8)"),
                "dtype": ("--dtype D", "value precision: int8, int4 (packed) or float16")},
     "rell": {"width": ("spec rell:W", "slots per listed row"),
@@ -44,6 +47,7 @@ EXAMPLE_PARAMS: Dict[str, Dict[str, Any]] = {
     "bsr": {"block": (4, 4)},
     "nm": {"n": 2, "m": 4, "vec": 1},
     "srbcrs": {"vec": 8, "dtype": "int8"},
+    "nm_tc": {"n": 1, "m": 8, "vec": 128},
     "rell": {"width": 8, "unique": True},
     "hyb": {"col_parts": 1, "buckets": (1, 2, 4, 8)},
 }

@@ -32,6 +32,7 @@ from .formats.composite import CompositeInstance
 from .formats.registry import reuse_refusal
 from .formats.validate import check_before_launch
 from .targets import TargetSpec
+from .tc_operands import packed_operands
 
 SparseMatrix = (FormatInstance, CompositeInstance)
 
@@ -269,6 +270,9 @@ class Kernel:
     def _instance_arrays(self, A, dev) -> Dict[str, Any]:
         """The instance's index arrays and values on the kernel's device (cached per instance)."""
         host = index_arrays(A)
+        packed = [p.name for p in self.params if p.role == "index" and p.name not in host]
+        if packed:  # a Tensor Core kernel's packed operands (sparsec.tc_operands)
+            host.update(packed_operands(A, packed))
         host["__data__"] = A.data
         if self.target.kind == "llvm":
             host["__data__"] = _exportable(A.data)

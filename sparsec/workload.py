@@ -38,11 +38,14 @@ def load_matrix(args):
     return datasets.default_matrix(), 0, f"embedded {datasets.DEFAULT_MATRIX}"
 
 
+NM_FAMILIES = ("nm", "mma_sp", "nm_tc")  # N:M patterns a matrix is magnitude-pruned to (mma_sp: 2:4)
+
+
 def prune_nm(matrix, params):
     """The stored entries of ``matrix`` that N:M magnitude pruning keeps (formats.nm.prune's
     rule, applied without densifying), and the source's nnz."""
     src = formats.as_csr(matrix)
-    pruned = formats.nm.prune_stored(src, n=params["n"], m=params["m"], vec=params.get("vec") or 1)
+    pruned = formats.nm.prune_stored(src, n=params.get("n", 2), m=params.get("m", 4), vec=params.get("vec") or 1)
     return pruned, int(src.nnz)
 
 
@@ -56,9 +59,11 @@ def is_int_in_range(matrix, dtype):
 def convert(matrix, spec, params, dtype):
     """The instance (nm pruned, srbcrs int8/int4 quantized when needed) and what was done."""
     info = {"pruned": False, "quantized": False, "scale": None, "source_nnz": None}
-    family = formats.parse_spec(spec)[0].NAME
-    if family == "nm":
-        matrix, info["source_nnz"] = prune_nm(matrix, params)
+    module, spec_params = formats.parse_spec(spec)
+    family = module.NAME
+    if family in NM_FAMILIES:  # N, M and V from the spec unless given (mma_sp: 2:4)
+        given = {**spec_params, **{k: v for k, v in params.items() if v is not None}}
+        matrix, info["source_nnz"] = prune_nm(matrix, given)
         info["pruned"] = True
     if family == "srbcrs" and dtype in ("int8", "int4") and not is_int_in_range(matrix, dtype):
         info["source_nnz"] = int(formats.as_csr(matrix).nnz)

@@ -17,9 +17,9 @@ KNOB_OPTIONS = {
     "width": ("width", ("ell",)),
     "col_parts": ("col_parts", ("hyb",)),
     "buckets": ("buckets", ("hyb",)),
-    "n": ("n", ("nm",)),
-    "m": ("m", ("nm",)),
-    "vec": ("vec", ("nm", "srbcrs")),
+    "n": ("n", ("nm", "nm_tc")),
+    "m": ("m", ("nm", "nm_tc")),
+    "vec": ("vec", ("nm", "srbcrs", "nm_tc")),
     "block_fill": ("block_fill", ("bsr+csr",)),
 }
 
@@ -83,9 +83,10 @@ def add_format_options(p):
     g.add_argument("--width", type=positive_int, metavar="W", help="ELL width (slots per row)")
     g.add_argument("--col-parts", type=positive_int, metavar="P", help="hyb column ranges (default automatic)")
     g.add_argument("--buckets", type=buckets, metavar="1,2,4,...", help="hyb bucket widths (default automatic)")
-    g.add_argument("--n", type=positive_int, metavar="N", help="nm: slots kept per window")
-    g.add_argument("--m", type=positive_int, metavar="M", help="nm: window width in columns")
-    g.add_argument("--vec", type=positive_int, metavar="V", help="nm (1..32) / srbcrs (2, 4, 8) row vector size")
+    g.add_argument("--n", type=positive_int, metavar="N", help="nm / nm_tc: slots kept per window")
+    g.add_argument("--m", type=positive_int, metavar="M", help="nm / nm_tc: window width in columns")
+    g.add_argument("--vec", type=positive_int, metavar="V",
+                   help="nm (1..128) / nm_tc (16, 32, 64, 128) / srbcrs (2, 4, 8) row vector size")
     g.add_argument("--block-fill", type=fraction, metavar="F", help="bsr+csr: fill at which a block goes to BSR")
     g.add_argument("--dtype", default=None, help="value dtype: float32 (default), float64, float16; "
                                                  "srbcrs also int8, int4")
@@ -95,7 +96,8 @@ def add_format_options(p):
 def add_kernel_options(p):
     p.add_argument("op", help="library operator (see 'sparsec ops')")
     p.add_argument("--format", required=True, metavar="FMT",
-                   help="family or spec: csr, bsr:4x4, ell, ell:8, hyb, nm, srbcrs, bsr+csr (see 'sparsec formats')")
+                   help="family or spec: csr, bsr:4x4, ell, ell:8, hyb, nm, srbcrs, bsr+csr, mma_sp, nm_tc "
+                        "(see 'sparsec formats')")
     add_format_options(p)
     p.add_argument("--feat", type=positive_int, default=64, metavar="N", help="dense feature width (default 64)")
     p.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_80 or cuda:sm_90a (default llvm)")
@@ -135,8 +137,8 @@ def format_spec(args, declare_only=False):
     dtype = kernel_dtype(args, name, params)
     if name == "srbcrs":
         params["dtype"] = dtype
-    if name == "nm" and (params.get("n") is None or params.get("m") is None):
-        raise ValueError("nm needs --n N and --m M (e.g. --format nm --n 2 --m 4), or a spec like nm:2:4")
+    if name in ("nm", "nm_tc") and (params.get("n") is None or params.get("m") is None):
+        raise ValueError(f"{name} needs --n N and --m M (e.g. --format {name} --n 2 --m 4), or a spec like {name}:2:4")
     return args.format, params, dtype
 
 

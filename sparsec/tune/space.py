@@ -54,7 +54,11 @@ MIN_TILE_FEATURES = 64
 BSR_BLOCKS = (2, 4, 8, 16, 32)
 HYB_COL_PARTS = (1, 2, 4, 8, 16)
 HYB_MAX_BUCKETS = (4, 8, 16, 32, 64, 128)
-FAMILIES = ("csr", "hyb", "ell", "bsr")
+FAMILIES = ("csr", "hyb", "ell", "bsr", "mma_sp", "nm_tc", "srbcrs")
+# the packed Tensor Core formats, searched for the precision whose operand they pack; the
+# matrix is pruned (mma_sp, nm_tc) or quantized (srbcrs) to them by ``workload.convert``
+TC_FORMATS = {"mma_sp": ("float16", ("mma_sp",)), "nm_tc": ("float16", ("nm_tc:1:8:v128",)),
+              "srbcrs": ("int8", tuple(f"srbcrs:v{v},int8" for v in (2, 4, 8)))}
 SIZES = ("full", "small")
 # hyb's parts have rows of a fixed width whatever its parameters: its schedule knobs are
 # read from this small instance of it
@@ -193,6 +197,12 @@ class Space:
                 yield "ell", {}
             else:
                 self._prune(f"ell: padding {padding:.1f} > {MAX_ELL_PADDING:g}")
+        for fam, (dtype, specs) in TC_FORMATS.items():
+            if fam in self.families and st["nnz"]:
+                if self.dtype == dtype:
+                    yield from ((spec, {}) for spec in specs)
+                else:
+                    self._prune(f"{fam}: packs {dtype} values, not {self.dtype}")
         if "bsr" in self.families and st["nnz"]:
             for b in BSR_BLOCKS:
                 fill = self._block_fill(b)

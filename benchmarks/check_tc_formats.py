@@ -1,0 +1,204 @@
+"""GPU check: the packed Tensor Core SpMM reached through ``sparsec.compile`` (mma_sp, nm 2:4,
+nm_tc, int8 srbcrs), against float64 and against the hand-written kernels it replaces.
+
+1. Correctness: the library SpMM and a user's DSL operator with an epilogue
+   (``C[i, k] = relu(sum_j A[i, j] * B[j, k] + bias[i])``) compiled for each format on CUDA,
+   on odd sizes with an empty row and an explicit zero, NaN-poisoned outputs, checked against
+   the float64 reference on the logical pattern (integer kernels exactly); each kernel must
+   be the Tensor Core one (its packed operands among its parameters).
+2. Speed: the committed cases of ``results/nm_tc_H200.json`` (tc_pipeline built by hand per
+   shape, best knob set) and ``results/lowprec_int8_H200.json`` (srbcrs_tensorcore, best set),
+   same weights (``time_tc_pipeline.weights``, ``lowprec.lowprec``) and widths, with the
+   compiler's default knobs; ratio = hand-written ms / compiled ms (> 1: the compiler is
+   faster). The compiled fp16 kernels write float32 C (sparsec's float16 precision), the
+   hand-written ones float16.
+
+    python3 benchmarks/check_tc_formats.py [--quick] [--out FILE]   (JSON also to $OUT)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
+
+from sparsec.bench.report import geomean  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+PACKED = {"sp24_values", "gather_values", "indptr"}
+FLOAT_SPECS = ("mma_sp", "nm:2:4", "nm_tc:1:8:v16", "nm_tc:2:8:v128")
+INT_SPECS = ("srbcrs:v2,int8", "srbcrs:v8,int8")
+SHAPES = ((37, 70, 16), (1000, 515, 64), (130, 200, 32), (300, 768, 128))
+
+
+def bias_relu_rows():
+    from sparsec import dsl
+
+    op = dsl.Operator("spmm_rows_bias_relu", "C = relu(A @ B + bias[i])")
+    i = op.dense_fixed("i")
+    j = op.sparse_variable("j", parent=i)
+    k = op.dense_fixed("k", extent="feat")
+    A, B = op.sparse_input("A", (i, j)), op.dense_input("B", (j, k))
+    bias, C = op.dense_input("bias", (i,)), op.dense_output("C", (i, k))
+    with op.iterate([i, j, k], "SRS") as (ii, jj, kk):
+        C[ii, kk] += A[ii, jj] * B[jj, kk]
+    with op.iterate([i, k], "SS") as (ii, kk):
+        C[ii, kk] = dsl.maximum(C[ii, kk] + bias[ii], 0.0)
+    return op
+
+
+def matrix(spec, rows, cols, rng):
+    """A matrix in ``spec``'s pattern with an empty row and an explicit zero (float16 or int8)."""
+    import scipy.sparse as sp
+
+    from sparsec import formats
+    from sparsec.formats import nm_tc
+
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[min(3, rows - 1)] = 0
+    if spec.startswith("srbcrs"):
+        w = np.where(rng.random(w.shape) < 0.2, np.round(np.clip(w * 40, -127, 127)), 0)
+        m = sp.csr_matrix(w)
+        m.data[:1] = 0
+        return formats.convert(m, spec)
+    if spec.startswith("nm_tc"):
+        fmt = formats.make_format(spec)
+        n, mm, vec = (fmt.param(k) for k in ("n", "m", "vec"))
+        m = sp.csr_matrix(nm_tc.prune(w, n=n, m=mm, vec=vec))
+    else:
+        m = sp.csr_matrix(formats.nm.prune(w, n=2, m=4)[0].to_dense())
+    m.data[:1] = 0
+    return formats.convert(m, spec, dtype=np.float16)
+
+
+def reference(A, B, bias=None):
+    c = A.to_scipy().astype(np.float64) @ np.asarray(B, np.float64)
+    if bias is not None:
+        c = np.maximum(c + np.asarray(bias, np.float64)[:, None], 0)
+    return c
+
+
+def check_correctness(rng, rows_out):
+    import torch
+
+    import sparsec
+
+    ok_all = True
+    user = bias_relu_rows()
+    for spec in FLOAT_SPECS + INT_SPECS:
+        for rows, cols, feat in SHAPES:
+            A = matrix(spec, rows, cols, rng)
+            integer = spec.startswith("srbcrs")
+            for op in ("spmm",) if integer else ("spmm", user):
+                k = sparsec.compile(op, A, target="cuda", feat=feat)
+                tc = bool(PACKED & {p.name for p in k.params})
+                if integer:
+                    B = torch.from_numpy(rng.integers(-20, 20, (cols, feat)).astype(np.int8)).cuda()
+                    dense = (B,)
+                else:
+                    B = torch.from_numpy(rng.standard_normal((cols, feat)).astype(np.float16)).cuda()
+                    dense = (B,) if op == "spmm" else (B, torch.from_numpy(
+                        rng.standard_normal(rows).astype(np.float16)).cuda())
+                out = k(A, *dense, poison=True).cpu().numpy().astype(np.float64)
+                ref = reference(A, dense[0].cpu().numpy(), None if len(dense) == 1 else dense[1].cpu().numpy())
+                if integer:
+                    err = float(np.abs(out - ref).max()) if out.size else 0.0
+                    ok = err == 0.0
+                else:
+                    err = float(np.nanmax(np.abs(out - ref) / (np.abs(ref) + 1.0))) if out.size else 0.0
+                    ok = bool(np.isfinite(out).all()) and err <= 1e-2
+                ok = ok and tc
+                ok_all &= ok
+                name = op if isinstance(op, str) else op.name
+                rows_out.append({"spec": spec, "op": name, "rows": rows, "cols": cols, "feat": feat,
+                                 "tensor_core": tc, "err": err, "ok": ok})
+                print(f"{'ok ' if ok else 'BAD'} {spec:<16} {name:<22} {rows}x{cols} feat={feat:<4} "
+                      f"tc={tc} err={err:.2e}", flush=True)
+    return ok_all
+
+
+def timed(k, A, dense):
+    return k.time(A, *dense, number=50, repeat=5)["median_ms"]
+
+
+def speed_nm(rng, quick, rows_out):
+    import torch
+
+    import sparsec
+    from time_tc_pipeline import weights
+
+    cases = json.load(open(RESULTS / "nm_tc_H200.json"))["cases"]
+    spec_of = {"sp24": "mma_sp", "gather": "nm_tc:1:8:v128"}
+    for mode in ("sp24", "gather"):
+        layers = dict(weights(mode))
+        for c in (c for c in cases if c["mode"] == mode and c["case"] in layers):
+            if quick and c["N"] not in (16, 512, 4096):
+                continue
+            A = sparsec.formats.convert(layers[c["case"]], spec_of[mode], dtype=np.float16)
+            k = sparsec.compile("spmm", A, target="cuda", feat=int(c["N"]))
+            B = torch.from_numpy(rng.standard_normal((c["K"], c["N"])).astype(np.float16)).cuda()
+            ms = timed(k, A, (B,))
+            hand = float(c["best"]["ms"])
+            rows_out.append({"suite": "nm_tc_H200", "mode": mode, "case": c["case"], "M": c["M"], "K": c["K"],
+                             "N": c["N"], "compiled_ms": ms, "hand_ms": hand, "ratio": hand / ms, "knobs": k.knobs})
+            print(f"{mode:<7} {c['case']:<32} N={c['N']:<5} compiled {ms:.4f} ms  hand {hand:.4f} ms  "
+                  f"ratio {hand / ms:.2f}", flush=True)
+
+
+def speed_int8(rng, quick, rows_out):
+    import torch
+
+    import sparsec
+    from lowprec import SPARSITIES, VECS, lowprec
+
+    cases = json.load(open(RESULTS / "lowprec_int8_H200.json"))["cases"]
+    layers = {name: (w, vec) for name, w, vec, _ in lowprec(vecs=VECS, sparsities=SPARSITIES)}
+    for c in cases:
+        if c["case"] not in layers or (quick and (c["N"] not in (16, 2048) or c["sparsity"] != 0.9)):
+            continue
+        w, vec = layers[c["case"]]
+        scale = float(np.abs(w).max()) / 127 or 1.0
+        q = np.clip(np.round(w / scale), -127, 127)
+        A = sparsec.formats.convert(q, f"srbcrs:v{vec},int8")
+        k = sparsec.compile("spmm", A, target="cuda", feat=int(c["N"]))
+        B = torch.from_numpy(rng.integers(-127, 127, (c["K"], c["N"])).astype(np.int8)).cuda()
+        ms = timed(k, A, (B,))
+        hand = float(c["ms"])
+        rows_out.append({"suite": "lowprec_int8_H200", "case": c["case"], "M": c["M"], "K": c["K"], "N": c["N"],
+                         "compiled_ms": ms, "hand_ms": hand, "ratio": hand / ms, "knobs": k.knobs})
+        print(f"int8    {c['case']:<32} N={c['N']:<5} compiled {ms:.4f} ms  hand {hand:.4f} ms  "
+              f"ratio {hand / ms:.2f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="three widths per layer, 90 %% sparsity for int8")
+    ap.add_argument("--out")
+    ap.add_argument("--skip-speed", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(23)
+    checks, speed = [], []
+    ok = check_correctness(rng, checks)
+    if not args.skip_speed:
+        speed_nm(rng, args.quick, speed)
+        speed_int8(rng, args.quick, speed)
+    summary = {}
+    for suite in sorted({r["suite"] for r in speed}):
+        ratios = [r["ratio"] for r in speed if r["suite"] == suite]
+        summary[suite] = {"geomean_ratio": geomean(ratios), "min_ratio": min(ratios), "cases": len(ratios)}
+        print(f"{suite}: geomean hand/compiled {geomean(ratios):.3f}, min {min(ratios):.3f} over {len(ratios)}")
+    result = {"checks_ok": ok, "checks": checks, "speed": speed, "summary": summary}
+    for path in filter(None, (args.out, os.environ.get("OUT") and os.path.join(os.environ["OUT"],
+                                                                                "check_tc_formats.json"))):
+        Path(path).write_text(json.dumps(result, indent=1))
+    print("all checks ok" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Tensor Core SpMM for formats that store an MMA operand packed (2:4 ``mma.sp``, vector-wise
+N:M gathered ``mma``, int8 SR-BCRS ``mma`` s8), chosen by capability.
+
+A program qualifies by its structure alone (:func:`match`): one sparse x dense product into
+a dense output, ``C[i, k] += A[i, j] * B[j, k]``, optionally followed by a dense iteration
+that rewrites the same output as ``C[i, k] + bias[i]`` and/or ``max(., 0)`` (an epilogue the
+pipelined kernel carries in registers); no other operand; a single format part. The format
+says which packed operands it can hand over (its family's ``tensor_core_layout``, read
+through ``formats.registry``), for the program's value dtype on CUDA:
+
+* ``sp24``  -> ``tc_pipeline`` mode sp24 (``formats.mma_sp``'s packing: values, metadata);
+* ``gather`` -> ``tc_pipeline`` mode gather (``formats.nm_tc``'s packing: values, columns);
+* ``srbcrs_int8`` -> ``srbcrs_tensorcore`` (the instance's own indptr, indices, int8 values).
+
+Both kernels are built for any matrix size (M and K are read from the operands), so a kernel
+compiled for a format spec runs on every matrix converted with it. The packed operands are
+named here (:data:`OPERANDS`); the kernel layer (``sparsec.tc_operands``) produces them from
+an instance. The knobs of both kernels are declared once, below, as transformations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from . import srbcrs_tensorcore as srbcrs_tc
+from . import tc_pipeline_plan as tpp
+from .knobs import ANY, Knob, check_applicable, transformation
+
+# the packed operands each layout passes, in the kernel's argument order: (name, dtype)
+OPERANDS = {
+    "sp24": (("sp24_values", "float16"), ("sp24_meta", "uint32")),
+    "gather": (("gather_values", "float16"), ("gather_cols", "int32")),
+    "srbcrs_int8": (("indptr", "int32"), ("indices", "int32")),
+}
+
+
+@dataclass(frozen=True)
+class PackedSpmm:
+    """What :func:`match` found: the layout, the feature count, the epilogue and the names
+    of the operator's operands."""
+
+    layout: str
+    feat: int
+    vec: int
+    dtype: str  # the value dtype
+    out_dtype: str
+    bias: Optional[str]  # the bias operand's name, or None
+    activation: str  # "none" or "relu"
+    b_name: str
+    c_name: str
+
+
+def match(program, target_kind: str) -> Optional[PackedSpmm]:
+    """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None."""
+    from sparsec.formats.registry import tensor_core_layout
+
+    if target_kind != "cuda" or program.bound.composite or len(program.bound.parts) != 1:
+        return None
+    fmt = program.bound.parts[0]
+    layout = tensor_core_layout(fmt, program.dtype.sparse)
+    if layout is None:
+        return None
+    found = _spmm_structure(program)
+    if found is None:
+        return None
+    b_name, c_name, bias, activation, feat = found
+    if layout == "srbcrs_int8" and (bias is not None or activation != "none"):
+        return None  # the integer kernel has no epilogue: the generic template runs
+    if layout == "gather" and feat % 16:
+        return None  # ldmatrix.x4.trans takes two 8-column tiles of B at once
+    vec = int(fmt.param("vec", 1))
+    return PackedSpmm(layout, feat, vec, program.dtype.sparse, program.dtype.out, bias, activation, b_name, c_name)
+
+
+def _spmm_structure(program) -> Optional[Tuple[str, str, Optional[str], str, int]]:
+    """(B, C, bias or None, activation, feature count) when the operator is an SpMM with at
+    most a bias-per-row / ReLU epilogue and no other operand, else None."""
+    from sparsec.dsl import Access
+    from sparsec.expr import BinOp, Call, Const
+
+    op = program.bound.op
+    if op.outer_axes():
+        return None
+    statements = [it.statement for it in op.iterations if it.statement is not None]
+    if not 1 <= len(statements) <= 2 or any(b.dtype is not None for b in op.buffers):
+        return None
+    first = statements[0]
+    v = first.value
+    if first.reduce != "sum" or not (isinstance(v, BinOp) and v.op == "*" and isinstance(v.a, Access)
+                                     and isinstance(v.b, Access)):
+        return None
+    sparse, dense = (v.a, v.b) if v.a.buffer.sparse else (v.b, v.a)
+    out = first.target
+    row, col = op.structure()
+    k = out.axes[-1]
+    if (not sparse.buffer.matrix or dense.buffer.sparse or out.buffer.sparse or k.structural or len(out.axes) != 2
+            or out.axes != (row, k) or sparse.axes != (row, col) or dense.axes != (col, k)):
+        return None
+    bias, activation = None, "none"
+    if len(statements) == 2:
+        found = _epilogue(statements[1], out, row)
+        if found is None:
+            return None
+        bias, activation = found
+    inputs = [b.name for b in op.buffers if b.role == "input"]
+    if inputs != [sparse.buffer.name, dense.buffer.name] + ([bias] if bias else []):
+        return None  # another operand, or inputs declared in another order than the kernel takes them
+    if [b.name for b in op.buffers if b.role not in ("input",)] != [out.buffer.name]:
+        return None
+    feat = program.bound.extent(k)
+    if not isinstance(feat, int) or feat < 1:
+        return None
+    return dense.buffer.name, out.buffer.name, bias, activation, feat
+
+
+def _epilogue(st, out, row) -> Optional[Tuple[Optional[str], str]]:
+    """(bias name or None, activation) of ``C[i, k] = [max(] C[i, k] [+ bias[i]] [, 0)]``."""
+    from sparsec.dsl import Access
+    from sparsec.expr import BinOp, Call, Const
+
+    if st.reduce is not None or st.target.buffer is not out.buffer or st.target.axes != out.axes:
+        return None
+    e, activation = st.value, "none"
+    if isinstance(e, Call) and e.fn == "max" and len(e.args) == 2:
+        zero = [a for a in e.args if isinstance(a, Const) and a.value == 0]
+        rest = [a for a in e.args if not (isinstance(a, Const) and a.value == 0)]
+        if len(zero) != 1 or len(rest) != 1:
+            return None
+        e, activation = rest[0], "relu"
+
+    def is_out(x):
+        return isinstance(x, Access) and x.buffer is out.buffer and x.axes == out.axes
+
+    if is_out(e):
+        return (None, activation) if activation != "none" else None
+    if not (isinstance(e, BinOp) and e.op == "+"):
+        return None
+    other = e.b if is_out(e.a) else e.a if is_out(e.b) else None
+    if not (isinstance(other, Access) and not other.buffer.sparse and other.buffer.role == "input"
+            and other.axes == (row,) and other.buffer.axes == (row,)):
+        return None
+    return other.buffer.name, activation
+
+
+# --------------------------------------------------------------------------- the knobs
+
+
+def _pipeline_resolve(program, knobs) -> dict:
+    """The knobs the pipelined kernel runs with: ``default_knobs`` for the layout and row
+    vector, overridden by those given."""
+    m = match(program, "cuda")
+    return {**default_pipeline_knobs(m.layout, m.vec), **knobs}
+
+
+def default_pipeline_knobs(layout: str, vec: int) -> dict:
+    """128 x 64 blocks (tc_linear's choice above 512 tokens, benchmarks/results/ffn_tc_H200.json);
+    in gather mode the block's rows must divide the row vector, so narrower vectors take
+    fewer warp tiles down."""
+    base = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=4 if layout == "sp24" else 2,
+                stages=3 if layout == "sp24" else 4, group_m=8, frag_sets=2)
+    if layout == "gather":
+        while 16 * base["warp_m_tiles"] * base["warps_m"] > vec:
+            if base["warp_m_tiles"] > 1:
+                base["warp_m_tiles"] //= 2
+            else:
+                base["warps_m"] //= 2
+    return base
+
+
+def _pipeline_prune(program, knobs) -> Optional[str]:
+    m = match(program, "cuda")
+    chosen = _pipeline_resolve(program, knobs)
+    try:
+        tpp.check(m.layout, None, None, m.feat, m.dtype, "float32", m.vec, chosen)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+# what the tuner searches of tc_pipeline's knobs: the full space every choice except the
+# grouped order's extremes (1 and 64 were never best on the H200, nm_tc_sweep_H200.json); the
+# small one the warp tiles and stages (block shape and pipeline depth decide most of the time)
+_SEARCH = {"group_m": (8, 16)}
+_SMALL = {"warp_m_tiles": (4, 1), "warp_n_tiles": (4, 2), "warps_m": (2, 4), "warps_n": (2, 1), "stages": (3, 4)}
+
+
+@transformation(knobs={k: Knob(tuple(v), search=_SEARCH.get(k), small=_SMALL.get(k))
+                       for k, v in tpp.KNOBS.items()}, resolve=_pipeline_resolve,
+                prune=_pipeline_prune)
+def tc_pipeline_spmm(built, program, **knobs):
+    """Build ``schedules.tc_pipeline``'s kernel (sp24 or gather) for ``program`` into
+    ``built.mod``: the program's feature count and epilogue, any matrix size."""
+    from tvm import IRModule
+
+    from . import tc_pipeline
+
+    m = match(program, "cuda")
+    func = tc_pipeline.spmm(m.layout, None, None, m.feat, dtype=m.dtype, out_dtype=m.out_dtype,
+                            vec=m.vec if m.layout == "gather" else 0, bias=m.bias is not None,
+                            bias_dtype=program.dtype.dense, activation=m.activation, name=program.name, **knobs)
+    built.mod = IRModule({program.name: func})
+
+
+def _srbcrs_resolve(program, knobs) -> dict:
+    return {**{k: v[0] for k, v in srbcrs_tc.KNOBS.items()}, **knobs}
+
+
+def _srbcrs_prune(program, knobs) -> Optional[str]:
+    m = match(program, "cuda")
+    chosen = _srbcrs_resolve(program, knobs)
+    try:
+        srbcrs_tc.check(None, None, m.feat, m.vec, "int32", chosen["n_bytes"], chosen["warps"])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@transformation(knobs={k: Knob(tuple(v)) for k, v in srbcrs_tc.KNOBS.items()}, resolve=_srbcrs_resolve,
+                prune=_srbcrs_prune)
+def srbcrs_int8_spmm(built, program, *, n_bytes: int, warps: int):
+    """Build ``schedules.srbcrs_tensorcore``'s int8 kernel for ``program`` into ``built.mod``."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    func = srbcrs_tc.spmm_srbcrs_int8(None, None, m.feat, m.vec, out_dtype="int32", n_bytes=n_bytes, warps=warps,
+                                      name=program.name)
+    built.mod = IRModule({program.name: func})
+
+
+def transformation_for(m: PackedSpmm):
+    return srbcrs_int8_spmm if m.layout == "srbcrs_int8" else tc_pipeline_spmm
+
+
+class Built:
+    """What a packed-kernel transformation fills in: the IRModule to compile (``mod``, as a
+    ``tvm.s_tir.Schedule`` has)."""
+
+    mod = None
+
+
+def schedule(program, m: PackedSpmm, **knobs):
+    """(built, knobs used) for a matched program; a knob the kernel does not take is a
+    ValueError naming it."""
+    t = transformation_for(m)
+    check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
+    built = Built()
+    used = t(built, program, **t.resolve(program, knobs))
+    return built, used
+
+
+def kernel_params(program, m: PackedSpmm):
+    """The kernel's arguments in order, as (name, role, dtype, shape, sparse, matrix): the
+    packed operands (or the instance's arrays), B, the bias, C. Shapes use "rows"/"cols"
+    as the Kernel's calling convention does."""
+    out = [(name, "index", dtype, (None,), False, False) for name, dtype in OPERANDS[m.layout]]
+    if m.layout == "srbcrs_int8":
+        matrix = next(b for b in program.bound.op.buffers if b.sparse and b.matrix)
+        out.append((matrix.name, "input", "int8", (None,), True, True))
+    out.append((m.b_name, "input", program.dtype.dense, ("cols", m.feat), False, False))
+    if m.bias is not None:
+        out.append((m.bias, "input", program.dtype.dense, ("rows",), False, False))
+    out.append((m.c_name, "output", m.out_dtype, ("rows", m.feat), False, False))
+    return out

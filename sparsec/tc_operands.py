@@ -1,0 +1,52 @@
+"""The packed Tensor Core operands a kernel reads, produced from a format instance.
+
+A kernel built by ``schedules.tensorcore_packed`` names the packed operands it takes
+(``sp24_values``/``sp24_meta``: ``formats.mma_sp``'s packing; ``gather_values``/``gather_cols``:
+``formats.nm_tc``'s) among its index parameters. The ``mma_sp`` and ``nm_tc`` families pack
+them at conversion; an ``nm:2:4`` instance is packed here on its first call. Either way the
+arrays are cached on the instance with the ``data`` array they were packed from, so a kernel
+hands the same objects to the device cache every call, and an instance whose values were
+replaced (``with_data``) is packed again rather than read stale. The kernels themselves
+handle any matrix size (their edges are bounds-checked), so nothing here pads B or C.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+
+from .formats import mma_sp, nm_tc
+
+CACHE = "_packed_operands"  # instance attribute: (data packed from, {name: array})
+
+
+def _sp24(inst) -> Dict[str, np.ndarray]:
+    values, meta = mma_sp.pack(inst.to_dense().astype(np.float16))
+    return {"sp24_values": values, "sp24_meta": meta}
+
+
+def _gather(inst) -> Dict[str, np.ndarray]:
+    n, m, vec = (int(inst.format.param(k, 1)) for k in ("n", "m", "vec"))
+    values, cols = nm_tc.pack(inst.to_dense(), n=n, m=m, vec=vec, dtype="float16")
+    return {"gather_values": values, "gather_cols": cols}
+
+
+PACKERS = {"sp24_values": _sp24, "sp24_meta": _sp24, "gather_values": _gather, "gather_cols": _gather}
+
+
+def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:
+    """The arrays ``names`` (packed operands) of ``inst``, packed at most once per values
+    array; ValueError naming an operand no packing produces."""
+    unknown = [n for n in names if n not in PACKERS]
+    if unknown:
+        raise ValueError(f"this kernel reads the arrays {unknown}, which a matrix in format {inst.format.spec} "
+                         f"does not carry (known packed operands: {sorted(PACKERS)})")
+    cached = inst.__dict__.get(CACHE)
+    if cached is None or cached[0] is not inst.data:
+        cached = (inst.data, {})
+        inst.__dict__[CACHE] = cached
+    arrays = cached[1]
+    for n in names:
+        if n not in arrays:
+            arrays.update(PACKERS[n](inst))
+    return {n: arrays[n] for n in names}
