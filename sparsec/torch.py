@@ -62,7 +62,9 @@ def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
     index_pos = {n: i for i, n in enumerate(_LAYOUTS[key][0])}
     recipe, n_dense = [], 0
     for p in kernel.params:
-        if p.role == "index":
+        if p.role == "index" and p.name not in index_pos:  # a packed Tensor Core operand (2:4, N:M)
+            recipe.append(("packed", p.name))
+        elif p.role == "index":
             recipe.append(("index", index_pos[p.name]))
         elif p.role == "input" and p.sparse:
             recipe.append(("values", None))
@@ -94,6 +96,8 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
     for kind, what in recipe:
         if kind == "index":
             args.append(index[what])
+        elif kind == "packed":
+            args.append(torch_launch.packed_operand(key, what, values))
         elif kind == "values":
             args.append(values)
         elif kind == "dense":
