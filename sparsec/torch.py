@@ -333,7 +333,10 @@ class SparseLinear(torch.nn.Module):
     def from_dense(cls, weight, bias=None, fmt: str = "csr", device=None, dtype=None):
         """A layer of the pruned dense ``weight`` in format ``fmt``. The Tensor Core patterns
         ``nm_tc:N,M`` (vector-wise N:M) and ``mma_sp:2,4`` give an inference-only fp16
-        :class:`sparsec.tc_linear.TensorCoreLinear` instead (CUDA only)."""
+        :class:`sparsec.tc_linear.TensorCoreLinear` instead (CUDA only), whose kernels
+        ``sparsec.compile`` builds from its operator like any other (the packed Tensor Core
+        path); an ``nm:2,4`` float16 weight on CUDA reaches the same ``mma.sp`` kernel
+        through ``spmm`` (its packed operands handed over by ``torch_launch.packed_operand``)."""
         if fmt.partition(":")[0] in ("nm_tc", "mma_sp"):
             from .tc_linear import TensorCoreLinear
 
