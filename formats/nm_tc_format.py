@@ -51,8 +51,9 @@ def declare(n=None, m=None, vec=DEFAULT_VEC) -> Format:
 
 
 def tensor_core_layout(fmt: Format, dtype: str):
-    """The packed operand a kernel may read: ``gather`` for float16 values."""
-    return "gather" if dtype == "float16" else None
+    """The packed operand a kernel may read: ``gather`` for float16 and bfloat16 values (the
+    conversion packs float16 ones; bfloat16 ones are packed on a kernel's first call)."""
+    return "gather" if dtype in ("float16", "bfloat16") else None
 
 
 def packed_operands(inst: FormatInstance) -> dict:

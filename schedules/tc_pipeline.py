@@ -38,7 +38,7 @@ __all__ = ["spmm", "build", "check", "make_plan", "Plan", "block_shape", "smem_b
 
 def spmm(mode: str, M, K, N: int, *, dtype: str = "float16", out_dtype: str = "float32",
          vec: int = 0, kc: int = 0, bias: bool = False, activation: str = "none", transpose_c: bool = False,
-         bias_dtype: str = "float32", name: str = "tc_spmm", **knobs):
+         bias_dtype: str = "float32", bias_axis: str = "row", name: str = "tc_spmm", **knobs):
     """The PrimFunc ``tc_spmm(A, E, B, C)`` (``tc_spmm(A, E, B, bias, C)`` with ``bias``): A
     the packed values, E the metadata (sp24) or the gathered columns (gather: ``kc`` is their
     row length), B (K, N), C (M, N), or (N, M) with ``transpose_c``.
@@ -52,10 +52,11 @@ def spmm(mode: str, M, K, N: int, *, dtype: str = "float16", out_dtype: str = "f
     ``M = K = None`` gives a kernel for any size: M, K and the packed shapes (``kc``
     included) are read from the operands when it is called (what ``sparsec.compile`` builds
     for a format spec). ``bias_dtype`` may be the value dtype (a DSL operator's bias);
-    ``name`` is the kernel's symbol."""
+    ``bias_axis="col"`` takes one bias per column of C instead (``bias[k]``, N entries, along
+    the dense axis); ``name`` is the kernel's symbol."""
     p = make_plan(mode, M, K, N, dtype=dtype, out_dtype=out_dtype, vec=vec, kc=kc, bias=bias,
                   activation=activation, transpose_c=transpose_c, knobs=knobs,
-                  bias_dtype=bias_dtype)  # checks every argument
+                  bias_dtype=bias_dtype, bias_axis=bias_axis)  # checks every argument
     copies = copy_macros(p)  # global -> shared stages (cp.async)
     mma = mma_macros(p, copies)  # fill the pipeline, walk K: ldmatrix + mma(.sp)
     out = epilogue_macros(p)  # bias, activation, stores to C
@@ -112,7 +113,7 @@ def _prim_func(p: Plan, body):
             A = T.match_buffer(a_h, (p.a_rows, p.a_cols), p.dtype)
             E = T.match_buffer(e_h, p.e_shape, p.e_dtype)
             B = T.match_buffer(b_h, (p.K, p.N), p.dtype)
-            Bias = T.match_buffer(bias_h, (p.M,), p.bias_dtype)
+            Bias = T.match_buffer(bias_h, (p.M if p.bias_axis == "row" else p.N,), p.bias_dtype)
             C = T.match_buffer(c_h, p.c_shape, p.out_dtype)
             body(A, E, B, Bias, C)
     else:

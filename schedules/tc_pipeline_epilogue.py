@@ -48,11 +48,11 @@ def epilogue_macros(p: Plan) -> SimpleNamespace:
     wait = T.ptx["cp.async.wait_group"]
     activate = activation_fn(p.activation)
 
-    def finished(Bias, v, row, act: bool = True):
-        """The fp32 accumulator of output row ``row`` with the bias (and, with ``act``, the
+    def finished(Bias, v, row, col, act: bool = True):
+        """The fp32 accumulator of output ``(row, col)`` with the bias (and, with ``act``, the
         activation) applied."""
         if p.bias:
-            b = Bias[T.min(row, p.M - 1)]
+            b = Bias[T.min(row, p.M - 1)] if p.bias_axis == "row" else Bias[T.min(col, p.N - 1)]
             v = v + (b if p.bias_dtype == "float32" else T.Cast("float32", b))
         return activate(v) if act else v
 
@@ -66,7 +66,7 @@ def epilogue_macros(p: Plan) -> SimpleNamespace:
         return out_line(it, tid) * p.LDC + out_off(it, tid) + e
 
     @T.macro
-    def stage_fragments(Cs, Bias, acc, bm0, wr, wc, tx):
+    def stage_fragments(Cs, Bias, acc, bm0, bn0, wr, wc, tx):
         """Every warp's fragments, biased and cast, into the staging tile once the pipeline's
         last copies have landed (the tile reuses their buffers)."""
         wait(0)
@@ -77,7 +77,7 @@ def epilogue_macros(p: Plan) -> SimpleNamespace:
                     for h in T.unroll(2):
                         r = wr + i * 16 + tx // 4 + hh * 8
                         c = wc + n * 8 + tx % 4 * 2 + h
-                        v = finished(Bias, acc[(i * p.nt + n) * 4 + hh * 2 + h], bm0 + r, False)
+                        v = finished(Bias, acc[(i * p.nt + n) * 4 + hh * 2 + h], bm0 + r, bn0 + c, False)
                         if p.transpose_c:
                             Cs[c * p.LDC + r] = T.Cast(p.out_dtype, v)
                         else:
@@ -120,7 +120,7 @@ def epilogue_macros(p: Plan) -> SimpleNamespace:
                         row = bm0 + wr + i * 16 + tx // 4 + hh * 8
                         col = bn0 + wc + n * 8 + tx % 4 * 2 + h
                         if T.And(row < p.M, col < p.N):
-                            v = finished(Bias, acc[(i * p.nt + n) * 4 + hh * 2 + h], row)
+                            v = finished(Bias, acc[(i * p.nt + n) * 4 + hh * 2 + h], row, col)
                             if p.transpose_c:
                                 C[col, row] = T.Cast(p.out_dtype, v)
                             else:
@@ -128,11 +128,18 @@ def epilogue_macros(p: Plan) -> SimpleNamespace:
 
     @T.macro
     def write_c(C, Cs, Bias, ob, acc, bm0, bn0, wr, wc, tx, tid):
-        """The block's accumulators, finished, into C."""
-        if p.staged:
-            stage_fragments(Cs, Bias, acc, bm0, wr, wc, tx)
+        """The block's accumulators, finished, into C (the choice made when the kernel runs
+        where C's row length is only known then: the same for every block)."""
+        if p.staged is True:
+            stage_fragments(Cs, Bias, acc, bm0, bn0, wr, wc, tx)
             copy_out(C, Cs, ob, bm0, bn0, tid)
-        else:
+        elif p.staged is False:
             store_fragments(C, Bias, acc, bm0, bn0, wr, wc, tx)
+        else:
+            if p.staged:
+                stage_fragments(Cs, Bias, acc, bm0, bn0, wr, wc, tx)
+                copy_out(C, Cs, ob, bm0, bn0, tid)
+            else:
+                store_fragments(C, Bias, acc, bm0, bn0, wr, wc, tx)
 
     return SimpleNamespace(write_c=write_c)

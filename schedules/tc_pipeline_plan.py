@@ -12,7 +12,8 @@ from .warp_mma import check_choice, check_knobs, check_sizes
 
 MODES = ("sp24", "gather")
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
-OUT_DTYPES = ("float32", "float16")
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+BIAS_AXES = ("row", "col")  # one bias per row of C (a linear layer's output feature) or per column
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu")
 KNOBS = {
     "warps_m": (2, 1, 4),
@@ -125,6 +126,7 @@ class Plan:
     vec: int  # gather: rows per row vector (they share their gathered columns)
     bias: bool
     bias_dtype: str  # the bias operand's dtype (added in float32)
+    bias_axis: str  # "row": Bias[i] (M entries); "col": Bias[k] (N entries, along the dense axis)
     activation: str
     transpose_c: bool
     # the knobs
@@ -176,7 +178,9 @@ class Plan:
     # epilogue: C leaves through shared memory in 16-byte row stores when its rows allow
     out_bytes: int
     VO: int  # outputs per 16-byte store
-    staged: bool
+    # True / False, or (transposed C of any row count) a run-time condition: C's stored rows
+    # are whole 16-byte chunks only when M is a multiple of VO, known when the kernel is called
+    staged: object
     LDC: int  # pitch of a staged line (padded by one chunk to spread the banks)
     o_per_line: int  # chunks per staged line
     o_it: int  # staged chunks per thread
@@ -237,18 +241,18 @@ def _operands(mode: str, M: int, K: int, vec: int, kc: int) -> dict:
 
 
 def make_plan(mode: str, M, K, N: int, *, dtype: str, out_dtype: str, vec: int, kc: int, bias: bool,
-              activation: str, transpose_c: bool, knobs: dict, bias_dtype: str = "float32") -> Plan:
+              activation: str, transpose_c: bool, knobs: dict, bias_dtype: str = "float32",
+              bias_axis: str = "row") -> Plan:
     """The checked :class:`Plan` of ``spmm``'s arguments; knobs not given take their first
     choice. ``M = K = None``: a kernel for any size (``_dynamic_operands``), whose bounds
     checks all stay."""
     knobs = {**{k: v[0] for k, v in KNOBS.items()}, **knobs}
     if (M is None) != (K is None):
         raise ValueError(f"M and K should both be sizes or both be None (any size), got M={M!r}, K={K!r}")
-    if M is None and transpose_c:
-        raise ValueError("transpose_c needs M and K given (a kernel for one size)")
     check(mode, M, K, N, dtype, out_dtype, vec, knobs)
     check_choice("bias_dtype", bias_dtype, ("float32",) + tuple(DTYPES))
     check_choice("activation", activation, ACTIVATIONS)
+    check_choice("bias_axis", bias_axis, BIAS_AXES)
     mt, nt, ks, stages = knobs["warp_m_tiles"], knobs["warp_n_tiles"], knobs["k_steps"], knobs["stages"]
     sp = mode == "sp24"
     BM, BN = block_shape(knobs)
@@ -267,10 +271,10 @@ def make_plan(mode: str, M, K, N: int, *, dtype: str, out_dtype: str, vec: int, 
     # fp16 outputs instead of one per pair. Rows are padded by 16 bytes (bank spread).
     out_bytes = 4 if out_dtype == "float32" else 2
     VO = 16 // out_bytes
-    staged = (M % VO == 0) if transpose_c else (N % VO == 0)
+    staged = (M % VO == 0) if transpose_c else (N % VO == 0)  # a PrimExpr for a transposed C of any M
     line, lines = (BM, BN) if transpose_c else (BN, BM)  # a staged line is a row of C as stored
     LDC = line + VO
-    total = max(pipeline_total, lines * LDC * out_bytes // 2 if staged else 0)
+    total = max(pipeline_total, lines * LDC * out_bytes // 2 if staged is not False else 0)
     # Shapes that fill every tile need no bounds checks: the copies and stores are emitted
     # without them (fewer integer instructions per MMA in the main loop).
     aligned = N % 8 == 0
@@ -279,6 +283,7 @@ def make_plan(mode: str, M, K, N: int, *, dtype: str, out_dtype: str, vec: int, 
     m_full = not dynamic and ops["a_rows"] % BM == 0 and M % BM == 0
     return Plan(
         mode=mode, M=M, K=K, N=N, dtype=dtype, out_dtype=out_dtype, vec=vec, bias=bias, bias_dtype=bias_dtype,
+        bias_axis=bias_axis,
         activation=activation,
         transpose_c=transpose_c, warps_m=knobs["warps_m"], warps_n=knobs["warps_n"], mt=mt, nt=nt, ks=ks,
         stages=stages, frag_sets=knobs["frag_sets"], group_m=knobs["group_m"],

@@ -2,9 +2,13 @@
 N:M gathered ``mma``, int8 SR-BCRS ``mma`` s8), chosen by capability.
 
 A program qualifies by its structure alone (:func:`match`): one sparse x dense product into
-a dense output, ``C[i, k] += A[i, j] * B[j, k]``, optionally followed by a dense iteration
-that rewrites the same output as ``C[i, k] + bias[i]`` and/or ``max(., 0)`` (an epilogue the
-pipelined kernel carries in registers); no other operand; a single format part. The format
+a dense output, ``C[i, k] += A[i, j] * B[j, k]`` or transposed, ``C[k, i] += ...`` (the
+kernel's ``transpose_c``: with B a linear layer's activations feature-major, C comes back
+token-major), optionally followed by a dense iteration that rewrites the same output as an
+activation (``sparsec.dsl.ACTIVATIONS``: relu, gelu, gelu_tanh) of ``C`` or of ``C + bias[i]``
+/ ``C + bias[k]`` (an epilogue the pipelined kernel carries in registers); no other operand;
+a single format part. The output may be declared float16 / bfloat16 (the kernel stores
+that precision; the sum stays float32) and the bias float32. The format
 says which packed operands it can hand over (its family's ``tensor_core_layout``, read
 through ``formats.registry``), for the program's value dtype on CUDA:
 
@@ -45,13 +49,19 @@ class PackedSpmm:
     dtype: str  # the value dtype
     out_dtype: str
     bias: Optional[str]  # the bias operand's name, or None
-    activation: str  # "none" or "relu"
+    activation: str  # "none" or a name of sparsec.dsl.ACTIVATIONS
     b_name: str
     c_name: str
+    transpose_c: bool = False  # the statement writes C[k, i]
+    bias_axis: str = "row"  # bias[i] ("row") or bias[k] ("col")
+    bias_dtype: str = ""  # the bias operand's dtype
+    kc: Optional[int] = None  # gather: the matrix's gathered row length, when compiled for one
 
 
-def match(program, target_kind: str) -> Optional[PackedSpmm]:
-    """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None."""
+def match(program, target_kind: str, kc: Optional[int] = None) -> Optional[PackedSpmm]:
+    """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None.
+    ``kc``: the gathered row length of the matrix a kernel is compiled for (it picks the
+    pipeline's depth, :func:`default_pipeline_knobs`); the kernel still runs on any."""
     from sparsec.formats.registry import tensor_core_layout
 
     if target_kind != "cuda" or program.bound.composite or len(program.bound.parts) != 1:
@@ -63,26 +73,33 @@ def match(program, target_kind: str) -> Optional[PackedSpmm]:
     found = _spmm_structure(program)
     if found is None:
         return None
-    b_name, c_name, bias, activation, feat = found
-    if layout == "srbcrs_int8" and (bias is not None or activation != "none"):
+    b_name, c_name, bias, activation, feat, transpose_c, bias_axis, dtypes = found
+    out_dtype = dtypes.get(c_name) or program.dtype.out
+    bias_dtype = (dtypes.get(bias) or program.dtype.dense) if bias else ""
+    if layout == "srbcrs_int8" and (bias is not None or activation != "none" or transpose_c or dtypes):
         return None  # the integer kernel has no epilogue: the generic template runs
+    if layout != "srbcrs_int8" and (out_dtype not in tpp.OUT_DTYPES
+                                    or bias_dtype not in ("", "float32", program.dtype.sparse)):
+        return None
     if layout == "gather" and feat % 16:
         return None  # ldmatrix.x4.trans takes two 8-column tiles of B at once
     vec = int(fmt.param("vec", 1))
-    return PackedSpmm(layout, feat, vec, program.dtype.sparse, program.dtype.out, bias, activation, b_name, c_name)
+    return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
+                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None)
 
 
-def _spmm_structure(program) -> Optional[Tuple[str, str, Optional[str], str, int]]:
-    """(B, C, bias or None, activation, feature count) when the operator is an SpMM with at
-    most a bias-per-row / ReLU epilogue and no other operand, else None."""
+def _spmm_structure(program):
+    """(B, C, bias or None, activation, feature count, transposed C, bias axis, declared
+    dtypes by buffer name) when the operator is an SpMM with at most a bias / activation
+    epilogue and no other operand, else None."""
     from sparsec.dsl import Access
-    from sparsec.expr import BinOp, Call, Const
+    from sparsec.expr import BinOp
 
     op = program.bound.op
     if op.outer_axes():
         return None
     statements = [it.statement for it in op.iterations if it.statement is not None]
-    if not 1 <= len(statements) <= 2 or any(b.dtype is not None for b in op.buffers):
+    if not 1 <= len(statements) <= 2:
         return None
     first = statements[0]
     v = first.value
@@ -93,15 +110,21 @@ def _spmm_structure(program) -> Optional[Tuple[str, str, Optional[str], str, int
     out = first.target
     row, col = op.structure()
     k = out.axes[-1]
+    transpose_c = len(out.axes) == 2 and out.axes[0] is not row
+    k = out.axes[0] if transpose_c else out.axes[-1]
     if (not sparse.buffer.matrix or dense.buffer.sparse or out.buffer.sparse or k.structural or len(out.axes) != 2
-            or out.axes != (row, k) or sparse.axes != (row, col) or dense.axes != (col, k)):
+            or out.axes != ((k, row) if transpose_c else (row, k)) or sparse.axes != (row, col)
+            or dense.axes != (col, k)):
         return None
-    bias, activation = None, "none"
+    bias, activation, bias_axis = None, "none", "row"
     if len(statements) == 2:
-        found = _epilogue(statements[1], out, row)
+        found = _epilogue(statements[1], out, row, k)
         if found is None:
             return None
-        bias, activation = found
+        bias, activation, bias_axis = found
+    declared = {b.name: b.dtype for b in op.buffers if b.dtype is not None}
+    if set(declared) - {out.buffer.name, bias}:
+        return None  # A or B in a precision of their own: the generic template casts them
     inputs = [b.name for b in op.buffers if b.role == "input"]
     if inputs != [sparse.buffer.name, dense.buffer.name] + ([bias] if bias else []):
         return None  # another operand, or inputs declared in another order than the kernel takes them
@@ -110,54 +133,96 @@ def _spmm_structure(program) -> Optional[Tuple[str, str, Optional[str], str, int
     feat = program.bound.extent(k)
     if not isinstance(feat, int) or feat < 1:
         return None
-    return dense.buffer.name, out.buffer.name, bias, activation, feat
+    return dense.buffer.name, out.buffer.name, bias, activation, feat, transpose_c, bias_axis, declared
 
 
-def _epilogue(st, out, row) -> Optional[Tuple[Optional[str], str]]:
-    """(bias name or None, activation) of ``C[i, k] = [max(] C[i, k] [+ bias[i]] [, 0)]``."""
-    from sparsec.dsl import Access
-    from sparsec.expr import BinOp, Call, Const
+def _epilogue(st, out, row, k) -> Optional[Tuple[Optional[str], str, str]]:
+    """(bias name or None, activation, bias axis) of ``C = act(C [+ bias[i] or bias[k]])``,
+    ``act`` one of ``sparsec.dsl.ACTIVATIONS`` written as its builder writes it (``relu``
+    also as ``maximum(0, x)``), or none with a bias."""
+    from sparsec.dsl import ACTIVATIONS, Access, maximum
+    from sparsec.expr import BinOp, walk
 
     if st.reduce is not None or st.target.buffer is not out.buffer or st.target.axes != out.axes:
         return None
-    e, activation = st.value, "none"
-    if isinstance(e, Call) and e.fn == "max" and len(e.args) == 2:
-        zero = [a for a in e.args if isinstance(a, Const) and a.value == 0]
-        rest = [a for a in e.args if not (isinstance(a, Const) and a.value == 0)]
-        if len(zero) != 1 or len(rest) != 1:
-            return None
-        e, activation = rest[0], "relu"
 
     def is_out(x):
         return isinstance(x, Access) and x.buffer is out.buffer and x.axes == out.axes
 
-    if is_out(e):
-        return (None, activation) if activation != "none" else None
-    if not (isinstance(e, BinOp) and e.op == "+"):
-        return None
-    other = e.b if is_out(e.a) else e.a if is_out(e.b) else None
-    if not (isinstance(other, Access) and not other.buffer.sparse and other.buffer.role == "input"
-            and other.axes == (row,) and other.buffer.axes == (row,)):
-        return None
-    return other.buffer.name, activation
+    def inner(x):
+        """(bias, axis) when ``x`` is C, C + bias[i] or C + bias[k]; else None."""
+        if is_out(x):
+            return None, "row"
+        if not (isinstance(x, BinOp) and x.op == "+"):
+            return None
+        other = x.b if is_out(x.a) else x.a if is_out(x.b) else None
+        if not (isinstance(other, Access) and not other.buffer.sparse and other.buffer.role == "input"
+                and len(other.axes) == 1 and other.axes == other.buffer.axes and other.axes[0] in (row, k)):
+            return None
+        return other.buffer.name, "row" if other.axes[0] is row else "col"
+
+    builders = [(name, fn) for name, fn in ACTIVATIONS.items()] + [("relu", lambda x: maximum(0.0, x))]
+    for x in walk(st.value):
+        found = inner(x)
+        if found is None:
+            continue
+        if x is st.value:
+            return (found[0], "none", found[1]) if found[0] is not None else None
+        for name, fn in builders:
+            if same_expr(fn(x), st.value):
+                return found[0], name, found[1]
+    return None
+
+
+def same_expr(a, b) -> bool:
+    """Structural equality of two DSL expressions (the nodes compare by identity)."""
+    from sparsec.dsl import Access
+    from sparsec.expr import BinOp, Call, Const
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Const):
+        return a.value == b.value
+    if isinstance(a, Access):
+        return a.buffer is b.buffer and len(a.axes) == len(b.axes) and all(x is y for x, y in zip(a.axes, b.axes))
+    if isinstance(a, BinOp):
+        return a.op == b.op and same_expr(a.a, b.a) and same_expr(a.b, b.b)
+    if isinstance(a, Call):
+        return a.fn == b.fn and len(a.args) == len(b.args) and all(same_expr(x, y) for x, y in zip(a.args, b.args))
+    return False
 
 
 # --------------------------------------------------------------------------- the knobs
 
 
-def _pipeline_resolve(program, knobs) -> dict:
-    """The knobs the pipelined kernel runs with: ``default_knobs`` for the layout and row
-    vector, overridden by those given."""
+def _pipeline_resolve(program, knobs, kc: Optional[int] = None) -> dict:
+    """The knobs the pipelined kernel runs with: ``default_pipeline_knobs`` for the layout,
+    row vector, feature count (and gathered row length, where known), overridden by those
+    given."""
     m = match(program, "cuda")
-    return {**default_pipeline_knobs(m.layout, m.vec), **knobs}
+    return {**default_pipeline_knobs(m.layout, m.vec, m.feat, kc), **knobs}
 
 
-def default_pipeline_knobs(layout: str, vec: int) -> dict:
-    """128 x 64 blocks (tc_linear's choice above 512 tokens, benchmarks/results/ffn_tc_H200.json);
-    in gather mode the block's rows must divide the row vector, so narrower vectors take
-    fewer warp tiles down."""
-    base = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=4 if layout == "sp24" else 2,
-                stages=3 if layout == "sp24" else 4, group_m=8, frag_sets=2)
+KC_STAGE = 32  # the gathered row length counted in whole stages of two 16-deep k-steps
+
+
+def default_pipeline_knobs(layout: str, vec: int, feat: Optional[int] = None, kc: Optional[int] = None) -> dict:
+    """The tiles for ``feat`` columns of B (a linear layer's token count), measured on an H200
+    (benchmarks/results/ffn_tc_H200.json): below 512 columns narrow column tiles and deep
+    stages (64 x 16 blocks); from 512 on 128 x 64 blocks walked in groups of 8 row tiles.
+    4 k-steps a stage where the K walk is long: always for 2:4 (32 deep per k-step), in
+    gather mode where the gathered row ``kc`` (when the kernel is compiled for a matrix,
+    counted in 32-deep stages) is a multiple of 64 above 128; 2 otherwise. In gather mode
+    the block's rows must divide the row vector, so narrower vectors take fewer warp tiles
+    down."""
+    padded = None if kc is None else -(-int(kc) // KC_STAGE) * KC_STAGE
+    long_k = layout == "sp24" or (padded is not None and padded % 64 == 0 and padded > 128)
+    if feat is not None and feat < 512:
+        base = dict(warps_m=4, warps_n=1, warp_m_tiles=1, warp_n_tiles=2, k_steps=4 if long_k else 2, stages=4,
+                    group_m=8, frag_sets=2)
+    else:
+        base = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=4 if long_k else 2,
+                    stages=3 if long_k else 4, group_m=8, frag_sets=2)
     if layout == "gather":
         while 16 * base["warp_m_tiles"] * base["warps_m"] > vec:
             if base["warp_m_tiles"] > 1:
@@ -197,7 +262,8 @@ def tc_pipeline_spmm(built, program, **knobs):
     m = match(program, "cuda")
     func = tc_pipeline.spmm(m.layout, None, None, m.feat, dtype=m.dtype, out_dtype=m.out_dtype,
                             vec=m.vec if m.layout == "gather" else 0, bias=m.bias is not None,
-                            bias_dtype=program.dtype.dense, activation=m.activation, name=program.name, **knobs)
+                            bias_dtype=m.bias_dtype or "float32", bias_axis=m.bias_axis, activation=m.activation,
+                            transpose_c=m.transpose_c, name=program.name, **knobs)
     built.mod = IRModule({program.name: func})
 
 
@@ -243,6 +309,8 @@ def schedule(program, m: PackedSpmm, **knobs):
     ValueError naming it."""
     t = transformation_for(m)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
+    if t is tc_pipeline_spmm:  # the matrix's gathered row length, when known, picks the depth
+        knobs = _pipeline_resolve(program, knobs, m.kc)
     built = Built()
     used = t(built, program, **t.resolve(program, knobs))
     return built, used
@@ -252,12 +320,14 @@ def kernel_params(program, m: PackedSpmm):
     """The kernel's arguments in order, as (name, role, dtype, shape, sparse, matrix): the
     packed operands (or the instance's arrays), B, the bias, C. Shapes use "rows"/"cols"
     as the Kernel's calling convention does."""
-    out = [(name, "index", dtype, (None,), False, False) for name, dtype in OPERANDS[m.layout]]
+    out = [(name, "index", m.dtype if name == "gather_values" else dtype, (None,), False, False)
+           for name, dtype in OPERANDS[m.layout]]
     if m.layout == "srbcrs_int8":
         matrix = next(b for b in program.bound.op.buffers if b.sparse and b.matrix)
         out.append((matrix.name, "input", "int8", (None,), True, True))
     out.append((m.b_name, "input", program.dtype.dense, ("cols", m.feat), False, False))
     if m.bias is not None:
-        out.append((m.bias, "input", program.dtype.dense, ("rows",), False, False))
-    out.append((m.c_name, "output", m.out_dtype, ("rows", m.feat), False, False))
+        out.append((m.bias, "input", m.bias_dtype, ("rows",) if m.bias_axis == "row" else (m.feat,), False, False))
+    out.append((m.c_name, "output", m.out_dtype, (m.feat, "rows") if m.transpose_c else ("rows", m.feat), False,
+                False))
     return out

@@ -60,11 +60,11 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     if isinstance(knobs, str):
         raise ValueError(f"knobs should be a dict of schedule knobs, got {knobs!r}; knobs='tuned' is resolved from "
                          "the tuning logs by sparsec.compile (sparsec.api.compile), not by sparsec.build.compile")
-    splits = None
+    splits = instance = None
     if isinstance(fmt, (FormatInstance, CompositeInstance)):
         dtype = dtype or fmt.value_dtype
         splits = _segment_splits(fmt)
-        fmt = fmt.format
+        instance, fmt = fmt, fmt.format
     elif isinstance(fmt, str):
         fmt = make_format(fmt)
     if isinstance(fmt, CompositeFormat):
@@ -85,7 +85,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda",
                                   segment_splits=splits)
     config, params = {}, _param_specs(program)
-    packed = tensorcore_packed.match(program, spec.kind)
+    packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance))
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
         mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]
@@ -103,6 +103,14 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, params, used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())
+
+
+def _gathered_row_length(inst) -> Optional[int]:
+    """The gathered row length of a vector-wise N:M matrix packed for the Tensor Cores
+    (``nm_tc``'s ``gather_values``), which sets the pipeline's depth; None for any other."""
+    if isinstance(inst, FormatInstance) and "gather_values" in inst.arrays:
+        return int(inst.arrays["gather_values"].shape[1])
+    return None
 
 
 def _segment_splits(inst):
@@ -130,7 +138,7 @@ def refuse_on_cuda(operator: Operator, fmt) -> None:
                              "their rows; compile it for csr, ell, bsr or bsr+csr on CUDA, or for llvm")
 
 
-FLOAT_ONLY_CALLS = ("exp", "sqrt")  # DSL calls whose result is not an integer
+FLOAT_ONLY_CALLS = ("exp", "sqrt", "tanh", "erf")  # DSL calls whose result is not an integer
 
 
 def refuse_unsupported(operator: Operator, fmt, dtype: str) -> None:

@@ -58,7 +58,7 @@ from .formats.axes import AXIS_KINDS, DenseFixed, DenseVariable, SparseFixed, Sp
 
 __all__ = [
     "Operator", "Axis", "Buffer", "Access", "Iteration", "Statement",
-    "exp", "maximum", "minimum", "sqrt", "select", "less", "accesses",
+    "exp", "maximum", "minimum", "sqrt", "tanh", "erf", "relu", "gelu", "gelu_tanh", "select", "less", "accesses",
 ]
 
 # names of the emitted TVMScript (its namespace T, sizes, loop and block iterators) that a
@@ -619,6 +619,29 @@ def exp(x) -> Expr: return Call("exp", (wrap(x),))
 def sqrt(x) -> Expr: return Call("sqrt", (wrap(x),))
 def maximum(a, b) -> Expr: return Call("max", (wrap(a), wrap(b)))
 def minimum(a, b) -> Expr: return Call("min", (wrap(a), wrap(b)))
+def tanh(x) -> Expr: return Call("tanh", (wrap(x),))
+def erf(x) -> Expr: return Call("erf", (wrap(x),))
+
+
+def relu(x) -> Expr:
+    """``max(x, 0)``."""
+    return maximum(x, 0.0)
+
+
+def gelu(x) -> Expr:
+    """Exact (erf) GELU, ``0.5 x (1 + erf(x / sqrt 2))``, as BERT's FFN; written out in DSL
+    calls, so every target and the float64 reference compute it."""
+    x = wrap(x)
+    return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
+
+
+def gelu_tanh(x) -> Expr:
+    """PyTorch's ``gelu(approximate="tanh")``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    x = wrap(x)
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}  # name -> DSL expression builder
 
 
 def select(cond, then, other) -> Expr:

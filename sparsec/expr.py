@@ -151,7 +151,8 @@ def simplify_mul(a: Expr, b: Expr) -> Expr:
     return BinOp("*", a, b)
 
 
-_TIR_CALLS = {"exp": "T.exp", "max": "T.max", "min": "T.min", "sqrt": "T.sqrt", "abs": "T.abs"}
+_TIR_CALLS = {"exp": "T.exp", "max": "T.max", "min": "T.min", "sqrt": "T.sqrt", "abs": "T.abs", "tanh": "T.tanh",
+              "erf": "T.erf"}
 
 
 def cast(dtype: str, e: Expr) -> Expr:

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 import scipy.sparse as sp
+from scipy import special
 
 from .dsl import Access, Operator
 from .expr import BinOp, Call, Const, Expr, Select
@@ -73,7 +74,8 @@ REFERENCES = {"spmm": spmm, "sddmm": sddmm, "attention": attention}
 # ---- any DSL operator --------------------------------------------------------------------------
 _BINOPS = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "//": np.floor_divide,
            "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "and": np.logical_and}
-_CALLS = {"exp": np.exp, "sqrt": np.sqrt, "abs": np.abs, "max": np.maximum, "min": np.minimum}
+_CALLS = {"exp": np.exp, "sqrt": np.sqrt, "abs": np.abs, "max": np.maximum, "min": np.minimum, "tanh": np.tanh,
+          "erf": special.erf}
 _AT = {"sum": np.add.at, "max": np.maximum.at, "min": np.minimum.at}
 
 

@@ -5,20 +5,25 @@
                     TensorCoreLinear.from_dense(w2, b2, "nm_tc:1,10"))
     y = ffn(x)                                   # x: (..., 768) fp16 -> (..., 768)
 
-Two weight patterns, each packed once and multiplied by ``schedules.tc_pipeline``:
+Two weight patterns, each converted once to its ``sparsec.formats`` family (which checks
+the pattern and packs the Tensor Core operand) and multiplied by the kernel
+``sparsec.compile`` builds for the layer's operator (:func:`linear_operator`, a DSL SpMM):
 
-* ``"nm_tc:N,M"`` — vector-wise N:M (``formats.nm_tc``): rows in vectors of ``vec`` (128)
-  share their kept columns, N in every M, so a block gathers N/M of the activations' rows
-  and runs dense ``mma`` on them. ``nm_tc:1,10`` is 90 % sparse.
-* ``"mma_sp:2,4"`` — 2:4 (``formats.mma_sp``) through the sparse ``mma.sp`` instruction.
+* ``"nm_tc:N,M"`` — vector-wise N:M (format ``nm_tc:N:M:v128``): rows in vectors of ``vec``
+  (128) share their kept columns, N in every M, so a block gathers N/M of the activations'
+  rows and runs dense ``mma`` on them. ``nm_tc:1,10`` is 90 % sparse.
+* ``"mma_sp:2,4"`` — 2:4 (format ``mma_sp``) through the sparse ``mma.sp`` instruction.
 
-The kernel computes ``W @ x^T`` with the activations feature-major (in x tokens): that is
-the layout whose rows a gather reads whole. Bias and activation run in the kernel's
-epilogue, and the output comes back token-major (``transpose_c``) or, for the first layer
-of :class:`SparseFFN`, feature-major, which is what the second layer reads, so an FFN
-costs one transpose of its input and two kernels. Kernels are compiled per token count on
-first use and shared by layers of the same shape; each launches on torch's current stream
-and reads the tensors in place through DLPack.
+The operator computes ``W @ x^T`` with the activations feature-major (in x tokens): that is
+the layout whose rows a gather reads whole. Its epilogue statement adds the bias per output
+feature and applies the activation (``sparsec.dsl.ACTIVATIONS``), its output is declared in
+the layer's precision, and it writes ``C[token, feature]`` (token-major) or, for the first
+layer of :class:`SparseFFN`, ``C[feature, token]``, which is what the second layer reads, so
+an FFN costs one transpose of its input and two kernels. ``sparsec.compile`` recognises the
+structure and runs it on the packed Tensor Core pipeline (``schedules.tensorcore_packed``,
+whose defaults pick the tiles per token count), like any user's operator of that shape.
+Kernels are compiled per token count on first use and shared by layers of the same pattern;
+each launches on torch's current stream and reads the tensors in place through DLPack.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ __all__ = ["TensorCoreLinear", "SparseFFN", "PATTERNS", "parse_pattern", "featur
 
 PATTERNS = ("nm_tc", "mma_sp")
 VEC = 128  # rows per vector of a vector-wise N:M weight (a multiple of every block height)
-KC_ALIGN = 32  # gathered row length padded to whole 2-k-step stages (no bounds checks)
+KC_ALIGN = 32  # gathered row length padded to whole 2-k-step stages (zero values at column 0)
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu")  # "none" and the names of sparsec.dsl.ACTIVATIONS
 
 
 def parse_pattern(pattern: str) -> Tuple[str, int, int]:
@@ -54,34 +60,66 @@ def parse_pattern(pattern: str) -> Tuple[str, int, int]:
 
 
 def knobs_for(mode: str, tokens: int, kc: int) -> dict:
-    """The kernel's knobs for a token count and gathered row length (measured on an H200,
-    benchmarks/results/ffn_tc_H200.json): narrow column tiles and deep stages below 512
-    tokens; 128 x 64 blocks above, with 4 k-steps a stage where the row is long enough."""
-    long_k = mode == "sp24" or (kc % 64 == 0 and kc > 128)
-    if tokens < 512:
-        return dict(warps_m=4, warps_n=1, warp_m_tiles=1, warp_n_tiles=2, k_steps=4 if long_k else 2, stages=4)
-    base = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, group_m=8)
-    return {**base, "k_steps": 4, "stages": 3} if long_k else {**base, "k_steps": 2, "stages": 4}
+    """The kernel's knobs for a token count and gathered row length: the packed Tensor Core
+    transformation's defaults (``schedules.tensorcore_packed.default_pipeline_knobs``, the
+    rule every compiled kernel of this structure follows)."""
+    from .schedules.tensorcore_packed import default_pipeline_knobs
+
+    return default_pipeline_knobs(mode, VEC, tokens, kc if mode == "gather" else None)
 
 
-@functools.lru_cache(maxsize=128)
-def _kernel(mode: str, out_f: int, in_f: int, tokens: int, dtype: str, kc: int, bias: bool, activation: str,
-            transpose_c: bool, arch: str):
-    """The compiled kernel for one layer shape and token count (shared by equal layers)."""
-    from .schedules import tc_pipeline
-
-    extra = {"vec": VEC, "kc": kc} if mode == "gather" else {}
-    ex = tc_pipeline.build(mode, out_f, in_f, tokens, arch=arch, dtype=dtype, out_dtype=dtype, bias=bias,
-                           activation=activation, transpose_c=transpose_c, **extra,
-                           **knobs_for(mode, tokens, kc))
-    return ex["tc_spmm"]
+def format_spec(kind: str, n: int, m: int) -> str:
+    """The ``sparsec.formats`` spec of a pattern: ``nm_tc:N:M:v128`` or ``mma_sp``."""
+    return f"nm_tc:{n}:{m}:v{VEC}" if kind == "nm_tc" else "mma_sp"
 
 
 @functools.lru_cache(maxsize=64)
-def _transposer(rows: int, cols: int, dtype: str, arch: str):
-    from .schedules import transpose
+def linear_operator(bias: bool, activation: str, token_major_out: bool, dtype: str):
+    """The layer as a DSL operator: ``C = act(W @ X + bias)`` with W (out x in) sparse, X
+    (in x tokens) dense, the bias (float32, one per output feature) and the output in
+    ``dtype``, written ``C[token, feature]`` with ``token_major_out`` else
+    ``C[feature, token]``. Its name says its definition (kernels are cached by name)."""
+    from . import dsl
 
-    return transpose.build(rows, cols, dtype, arch)["transpose"]
+    name = f"tc_linear_{'bias_' if bias else ''}{activation}_{'tm' if token_major_out else 'fm'}_{dtype}"
+    op = dsl.Operator(name, "C = act(W @ X + bias) of a pruned linear layer, activations feature-major")
+    i = op.dense_fixed("i")  # output feature
+    j = op.sparse_variable("j", parent=i)  # input feature
+    t = op.dense_fixed("t", extent="tokens")
+    W, X = op.sparse_input("W", (i, j)), op.dense_input("X", (j, t))
+    B = op.dense_input("bias", (i,), dtype="float32") if bias else None
+    C = op.dense_output("C", (t, i) if token_major_out else (i, t), dtype=dtype)
+
+    def out(ii, tt):
+        return (tt, ii) if token_major_out else (ii, tt)
+
+    with op.iterate([i, j, t], "SRS") as (ii, jj, tt):
+        C[out(ii, tt)] += W[ii, jj] * X[jj, tt]
+    if bias or activation != "none":
+        act = dsl.ACTIVATIONS.get(activation, lambda x: x)
+        with op.iterate([i, t], "SS") as (ii, tt):
+            C[out(ii, tt)] = act(C[out(ii, tt)] + B[ii] if bias else C[out(ii, tt)])
+    return op
+
+
+_KERNELS: dict = {}  # (spec, dtype, tokens, row stages, bias, activation, token-major, arch) -> Kernel
+
+
+def _kernel(layer: "TensorCoreLinear", tokens: int, token_major_out: bool, arch: str):
+    """The compiled kernel for a layer's pattern and a token count (shared by equal layers:
+    it runs on any matrix of the format; the gathered row length only picks the tiles)."""
+    from .api import compile as sparsec_compile
+
+    dtype = str(layer.values.dtype)[6:]
+    kc = int(layer.values.shape[1]) if layer.kind == "nm_tc" else 0
+    key = (layer.format_spec, dtype, tokens, kc, layer.bias is not None, layer.activation, token_major_out, arch)
+    if key not in _KERNELS:
+        op = linear_operator(layer.bias is not None, layer.activation, token_major_out, dtype)
+        k = sparsec_compile(op, layer.instance, target=f"cuda:{arch}", dtype=dtype, tokens=tokens)
+        if not k.knobs or "warps_m" not in k.knobs:
+            raise RuntimeError(f"{op.name} x {layer.format_spec} did not compile to the Tensor Core pipeline")
+        _KERNELS[key] = k
+    return _KERNELS[key]
 
 
 def feature_major(x2: torch.Tensor) -> torch.Tensor:
@@ -107,15 +145,19 @@ class TensorCoreLinear(torch.nn.Module):
     Inference only: the packed weight is a buffer, not a Parameter."""
 
     def __init__(self, values: torch.Tensor, index: torch.Tensor, shape: Tuple[int, int], pattern: str,
-                 bias: Optional[torch.Tensor] = None, activation: str = "none"):
+                 bias: Optional[torch.Tensor] = None, activation: str = "none", instance=None):
+        """``values``/``index``: the packed operand (``formats.nm_tc.pack``'s values and
+        columns, or ``formats.mma_sp.pack``'s values and metadata as uint32); ``instance``:
+        the converted weight (``from_dense`` keeps it) the kernels are compiled for, so its
+        gathered row length picks their tiles; without it, the format spec."""
         super().__init__()
-        from .schedules.tc_pipeline import ACTIVATIONS
-
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation should be one of {list(ACTIVATIONS)}, got {activation!r}")
         self.kind, self.n, self.m = parse_pattern(pattern)
         self.pattern, self.activation = pattern, activation
         self.out_features, self.in_features = shape
+        self.format_spec = format_spec(self.kind, self.n, self.m)
+        self.instance = instance
         self.register_buffer("values", values)
         self.register_buffer("index", index)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
@@ -123,9 +165,11 @@ class TensorCoreLinear(torch.nn.Module):
     @classmethod
     def from_dense(cls, weight, bias=None, pattern: str = "nm_tc:1,10", activation: str = "none",
                    device="cuda", dtype=torch.float16):
-        """Pack an already-pruned weight (out x in); ValueError naming the row vector and
-        window (or 4-column group) that breaks the pattern. ``prune`` makes one that fits."""
-        from .formats import mma_sp, nm_tc
+        """Convert an already-pruned weight (out x in) to the pattern's format
+        (``sparsec.formats.convert``: it packs the Tensor Core operand); ValueError naming
+        the rows and window (or 4-column group) that break the pattern. ``prune`` makes one
+        that fits."""
+        from .formats import convert, nm_tc
 
         kind, n, m = parse_pattern(pattern)
         w = weight.detach().cpu().float().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
@@ -133,21 +177,30 @@ class TensorCoreLinear(torch.nn.Module):
             raise ValueError(f"the weight should be 2-D (out x in), got shape {w.shape}")
         if dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"Tensor Core layers take float16 or bfloat16, got {dtype}")
-        np_dtype = "float16" if dtype == torch.float16 else "float32"
+        if kind == "mma_sp" and dtype != torch.float16:
+            raise TypeError("mma_sp:2,4 layers hold float16 values (formats.mma_sp packs float16)")
+        fp16 = dtype == torch.float16  # the formats pack float16; bfloat16 is packed from float32 here
+        inst = convert(w.astype(np.float32), format_spec(kind, n, m), dtype=np.float16 if fp16 else np.float32)
         if kind == "nm_tc":
-            values, cols = nm_tc.pack(w, n=n, m=m, vec=VEC, dtype=np_dtype)
+            if fp16:
+                values, cols = inst.arrays["gather_values"], inst.arrays["gather_cols"]
+            else:
+                values, cols = nm_tc.pack(inst.to_dense(), n=n, m=m, vec=VEC, dtype="float32")
             pad = -values.shape[1] % KC_ALIGN  # zero values at column 0: same product, whole stages
             values = np.pad(values, ((0, 0), (0, pad)))
             index = torch.from_numpy(np.pad(cols, ((0, 0), (0, pad))))
         else:
-            if dtype != torch.float16:
-                raise TypeError("mma_sp:2,4 layers hold float16 values (formats.mma_sp packs float16)")
-            values, meta = mma_sp.pack(w.astype(np.float16))  # ValueError names a group over 2 of 4
-            index = torch.from_numpy(meta.view(np.int32)).view(torch.uint32)
+            values = inst.arrays["sp24_values"]
+            index = torch.from_numpy(inst.arrays["sp24_meta"].view(np.int32)).view(torch.uint32)
         vals = torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
         b = None if bias is None else torch.as_tensor(bias).detach().float()
-        layer = cls(vals, index, w.shape, pattern, b, activation)
+        layer = cls(vals, index, w.shape, pattern, b, activation, instance=inst)
         return layer.to(device)
+
+    def kernel(self, tokens: int, token_major_out: bool = True, arch: str = "sm_90a"):
+        """The compiled ``sparsec.Kernel`` this layer runs for ``tokens`` columns (its CUDA
+        source with ``.source()``; compiling needs no GPU)."""
+        return _kernel(self, int(tokens), bool(token_major_out), arch)
 
     # ---- running --------------------------------------------------------------------------
     @property
@@ -170,16 +223,15 @@ class TensorCoreLinear(torch.nn.Module):
         self._check_input(xt)
         xt = xt if xt.is_contiguous() else xt.contiguous()
         tokens = int(xt.shape[1])
-        dtype = str(self.values.dtype)[6:]
-        kc = int(self.values.shape[1]) if self.kind == "nm_tc" else 0
-        f = _kernel(self.mode, self.out_features, self.in_features, tokens, dtype, kc, self.bias is not None,
-                    self.activation, token_major_out, _arch(xt.device))
+        k = _kernel(self, tokens, token_major_out, _arch(xt.device))
         shape = (tokens, self.out_features) if token_major_out else (self.out_features, tokens)
         out = torch.empty(shape, dtype=xt.dtype, device=xt.device)
-        bias = () if self.bias is None else (self.bias.float(),)  # float32 even after module.half()
-        args = (self.values, self.index, xt) + bias + (out,)
+        bias = None if self.bias is None else self.bias.float()  # float32 even after module.half()
+        packed = iter((self.values, self.index))
+        by_role = {"input": {"X": xt, "bias": bias}, "output": {"C": out}}
+        args = [next(packed) if p.role == "index" else by_role[p.role][p.name] for p in k.params]
         with on_torch_stream(True):
-            f(*args)
+            k.executable[k.op_name](*args)
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

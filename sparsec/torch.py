@@ -62,7 +62,9 @@ def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
     index_pos = {n: i for i, n in enumerate(_LAYOUTS[key][0])}
     recipe, n_dense = [], 0
     for p in kernel.params:
-        if p.role == "index":
+        if p.role == "index" and p.name not in index_pos:  # a packed Tensor Core operand (2:4, N:M)
+            recipe.append(("packed", p.name))
+        elif p.role == "index":
             recipe.append(("index", index_pos[p.name]))
         elif p.role == "input" and p.sparse:
             recipe.append(("values", None))
@@ -94,6 +96,8 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
     for kind, what in recipe:
         if kind == "index":
             args.append(index[what])
+        elif kind == "packed":
+            args.append(torch_launch.packed_operand(key, what, values))
         elif kind == "values":
             args.append(values)
         elif kind == "dense":
@@ -329,7 +333,10 @@ class SparseLinear(torch.nn.Module):
     def from_dense(cls, weight, bias=None, fmt: str = "csr", device=None, dtype=None):
         """A layer of the pruned dense ``weight`` in format ``fmt``. The Tensor Core patterns
         ``nm_tc:N,M`` (vector-wise N:M) and ``mma_sp:2,4`` give an inference-only fp16
-        :class:`sparsec.tc_linear.TensorCoreLinear` instead (CUDA only)."""
+        :class:`sparsec.tc_linear.TensorCoreLinear` instead (CUDA only), whose kernels
+        ``sparsec.compile`` builds from its operator like any other (the packed Tensor Core
+        path); an ``nm:2,4`` float16 weight on CUDA reaches the same ``mma.sp`` kernel
+        through ``spmm`` (its packed operands handed over by ``torch_launch.packed_operand``)."""
         if fmt.partition(":")[0] in ("nm_tc", "mma_sp"):
             from .tc_linear import TensorCoreLinear
 

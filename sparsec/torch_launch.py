@@ -32,7 +32,7 @@ import torch
 from .dsl import Operator
 from .kernel import index_arrays, on_torch_stream
 
-__all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values"]
+__all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values", "packed_operand"]
 
 # Matrices of live SparseTensors (``sparsec.torch``), by key: a kernel is compiled for the
 # converted matrix itself, so that its format's automatic knobs and any tuning record for it
@@ -51,6 +51,33 @@ def register(inst) -> str:
     return key
 
 _OPERATORS: Dict[str, Operator] = {}  # name -> the definition first launched under it
+
+# key -> (weak reference to the values tensor, its version, {name: device tensor}): the
+# packed Tensor Core operands (``sparsec.tc_operands``) a kernel reads instead of the values
+_PACKED: Dict[str, tuple] = {}
+
+
+def packed_operand(key: str, name: str, values: torch.Tensor) -> torch.Tensor:
+    """The packed Tensor Core operand ``name`` (``sp24_values``, ``gather_cols``, ...) of the
+    registered matrix ``key`` holding ``values``, on their device. A kernel of the packed
+    path reads A's values only through these, so they are packed from ``values`` themselves
+    and packed again whenever that tensor changes (another tensor, or written in place)."""
+    import numpy as np
+
+    from .tc_operands import packed_operands
+
+    cached = _PACKED.get(key)
+    if cached is None or cached[0]() is not values or cached[1] != values._version:
+        cached = (weakref.ref(values), values._version, {})
+        _PACKED[key] = cached
+    arrays = cached[2]
+    if name not in arrays:
+        inst = MATRICES[key].with_data(values.detach().cpu().numpy())
+        for n, a in packed_operands(inst, [name]).items():
+            a = np.ascontiguousarray(a)
+            t = torch.from_numpy(a.view(np.int32)).view(torch.uint32) if a.dtype == np.uint32 else torch.from_numpy(a)
+            arrays[n] = t.to(values.device)
+    return arrays[name]
 
 
 @dataclass(frozen=True)
@@ -130,7 +157,9 @@ def _plan(op_name: str, key: str, dtype: str, params: Tuple[Tuple[str, int], ...
     index_pos = {n: i for i, n in enumerate(LAYOUTS[key][0])}
     recipe = []
     for p in kernel.params:
-        if p.role == "index":
+        if p.role == "index" and p.name not in index_pos:  # a packed Tensor Core operand
+            recipe.append(("packed", p.name, p))
+        elif p.role == "index":
             recipe.append(("index", index_pos[p.name], p))
         elif p.role == "input" and p.matrix:
             recipe.append(("values", None, p))
@@ -179,6 +208,8 @@ def run(op: Union[str, Operator], A: MatrixArgs, inputs: Mapping[str, torch.Tens
     for kind, what, p in recipe:
         if kind == "index":
             args.append(A.index[what])
+        elif kind == "packed":
+            args.append(packed_operand(A.key, what, values))
         elif kind == "values":
             args.append(values)
         elif kind == "input":

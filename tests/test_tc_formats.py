@@ -195,3 +195,76 @@ def test_tuner_derives_the_tensor_core_space_from_the_declarations():
                for c in tc if c["format"].startswith("nm_tc"))  # a block gathers one row vector's columns
     q = Space("spmm", m, 64, dtype="int8", families=("srbcrs",), size="full")
     assert {c["format"] for c in q.candidates} >= {"srbcrs:v2,int8", "srbcrs:v8,int8"}
+
+
+def _linear(transpose: bool, bias_axis: str, activation, out_dtype="float16"):
+    """A user's SpMM with a bias along ``bias_axis`` (i: per row, k: per column of B), an
+    activation of the sum, a declared output dtype, written C[k, i] when ``transpose``."""
+    op = dsl.Operator(f"lin_{transpose}_{bias_axis}_{out_dtype}", "C = act(A @ B + bias)")
+    i = op.dense_fixed("i")
+    j = op.sparse_variable("j", parent=i)
+    k = op.dense_fixed("k", extent="feat")
+    A, B = op.sparse_input("A", (i, j)), op.dense_input("B", (j, k))
+    bias = op.dense_input("bias", (i,) if bias_axis == "i" else (k,), dtype="float32")
+    C = op.dense_output("C", (k, i) if transpose else (i, k), dtype=out_dtype)
+
+    def at(ii, kk):
+        return (kk, ii) if transpose else (ii, kk)
+
+    with op.iterate([i, j, k], "SRS") as (ii, jj, kk):
+        C[at(ii, kk)] += A[ii, jj] * B[jj, kk]
+    with op.iterate([i, k], "SS") as (ii, kk):
+        C[at(ii, kk)] = activation(C[at(ii, kk)] + (bias[ii] if bias_axis == "i" else bias[kk]))
+    return op
+
+
+def test_dispatch_takes_output_precision_transposed_output_and_epilogues():
+    from sparsec.lower import lower_program
+
+    def found(op, spec="mma_sp", feat=64):
+        _, program = lower_program(op, make_format(spec), {"feat": feat}, "float16", atomics=True)
+        return tensorcore_packed.match(program, "cuda")
+
+    m = found(_linear(True, "i", dsl.gelu))
+    assert (m.transpose_c, m.out_dtype, m.bias_axis, m.bias_dtype, m.activation) == \
+        (True, "float16", "row", "float32", "gelu")
+    m = found(_linear(False, "k", dsl.gelu_tanh, "float32"), "nm_tc:1:8:v16")
+    assert (m.layout, m.transpose_c, m.out_dtype, m.bias_axis, m.activation) == \
+        ("gather", False, "float32", "col", "gelu_tanh")
+    assert found(_linear(True, "i", lambda x: x)).activation == "none"
+    assert found(_linear(True, "i", dsl.exp)) is None  # no epilogue the kernel carries: the generic template
+    assert found(_linear(True, "i", dsl.relu, "int32")) is None  # an output precision the kernel cannot store
+    # the tile rule per feature count (a linear layer's tokens) and gathered row length
+    small, large = tensorcore_packed.default_pipeline_knobs("gather", 128, 64, 320), \
+        tensorcore_packed.default_pipeline_knobs("gather", 128, 4096, 320)
+    assert (small["warps_m"], small["k_steps"], large["warps_m"], large["k_steps"], large["stages"]) == (4, 4, 2, 4, 3)
+    assert tensorcore_packed.default_pipeline_knobs("gather", 128, 4096, 96)["k_steps"] == 2
+
+
+def test_transposed_fp16_output_with_a_column_bias_compiles_to_tensor_core_ptx():
+    """C[k, i] in float16 with bias[k] and ReLU: one kernel, the store chosen when it runs
+    (16-byte rows where the row count allows it)."""
+    k = build.compile(_linear(True, "k", dsl.relu), "mma_sp", target="cuda:sm_90a", dtype="float16", feat=64)
+    assert [(p.name, p.dtype, p.shape) for p in k.params][2:] == \
+        [("B", "float16", ("cols", 64)), ("bias", "float32", (64,)), ("C", "float16", (64, "rows"))]
+    ptx = nvcc_ptx(k.source(), "sm_90a")
+    assert SP24 in ptx and "max.f32" in ptx and "cvt.rn.f16.f32" in ptx and "st.global.v4" in ptx
+
+
+def test_torch_launch_hands_packed_operands_packed_from_the_values_given():
+    """sparsec.torch on CUDA: a 2:4 float16 matrix's SpMM reads the packed operands, packed
+    from the launch's values tensor and again when that tensor is written in place."""
+    import torch
+
+    from sparsec import torch as st
+    from sparsec import torch_launch
+
+    A = st.SparseTensor(_two_four(32, 64, 7), "nm:2:4", dtype=np.float16)
+    _, recipe = st._plan("spmm", A.key, "float16", 16, "cuda")  # compiles for CUDA (no GPU needed)
+    assert [r for r in recipe if r[0] == "packed"] == [("packed", "sp24_values"), ("packed", "sp24_meta")]
+    first = torch_launch.packed_operand(A.key, "sp24_values", A.values)
+    assert torch_launch.packed_operand(A.key, "sp24_values", A.values) is first
+    with torch.no_grad():
+        A.values.mul_(2)
+    again = torch_launch.packed_operand(A.key, "sp24_values", A.values)
+    np.testing.assert_array_equal(again.float().numpy(), 2 * first.float().numpy())

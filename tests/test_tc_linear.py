@@ -1,7 +1,9 @@
 """Tensor Core linear layers (sparsec.tc_linear): pattern parsing, packing of pruned weights
 (vector-wise N:M padded to whole stages, 2:4 for mma.sp), clear errors for what the kernels
-cannot take, and the knobs picked per token count. (The kernels run on the GPU host:
-benchmarks/time_ffn_tc.py and examples/pruned_encoder.py.)"""
+cannot take, the knobs picked per token count, and the kernels themselves: built by
+sparsec.compile from the layer's DSL operator (PTX checked with nvcc; its semantics on the
+llvm target against float64). (The kernels run on the GPU host: benchmarks/time_ffn_tc.py
+and examples/pruned_encoder.py.)"""
 import numpy as np
 import pytest
 import torch
@@ -41,9 +43,9 @@ def test_two_four_weight_packs_for_mma_sp_and_other_weights_are_refused():
     w = tl.prune(rng.standard_normal((64, 128)).astype(np.float32), "mma_sp:2,4")
     layer = tl.TensorCoreLinear.from_dense(w, None, "mma_sp:2,4", device="cpu")
     assert layer.index.dtype == torch.uint32 and layer.values.shape == (64, 64)
-    with pytest.raises(ValueError, match="more than 2 of every 4"):
+    with pytest.raises(ValueError, match="more than N=2 of every M=4"):
         tl.TensorCoreLinear.from_dense(rng.standard_normal((64, 128)), None, "mma_sp:2,4", device="cpu")
-    with pytest.raises(ValueError, match=r"row vector 0 .* uses"):
+    with pytest.raises(ValueError, match=r"rows 0\.\.127, columns 0\.\.9 .* distinct columns"):
         tl.TensorCoreLinear.from_dense(rng.standard_normal((128, 40)), None, "nm_tc:1,10", device="cpu")
 
 
@@ -96,3 +98,54 @@ def test_transpose_kernel_moves_16_byte_chunks_and_names_sizes_it_cannot_take():
         transpose.transpose(4096, 770)
     with pytest.raises(ValueError, match="dtype should be one of"):
         transpose.transpose(64, 64, "float32")
+
+
+SP24 = "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32"
+GATHER = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+
+
+@pytest.mark.parametrize("pattern, via_sparse_linear, instr", [("mma_sp:2,4", True, SP24), ("nm_tc:1,8", False, GATHER)])
+def test_layer_kernel_is_sparsec_compile_of_its_operator_on_tensor_cores(pattern, via_sparse_linear, instr):
+    """The layer's kernel is what sparsec.compile builds for its DSL operator and converted
+    weight: the packed Tensor Core pipeline with a float16, token-major output, the bias and
+    activation in its epilogue, and the tile rule of its token count."""
+    from nvcc_tools import nvcc_ptx
+
+    rng = np.random.default_rng(4)
+    w = tl.prune(rng.standard_normal((256, 96)).astype(np.float32), pattern)
+    bias = torch.from_numpy(rng.standard_normal(256).astype(np.float32))
+    if via_sparse_linear:  # SparseLinear hands the pattern to the same layer (CUDA kernels, no GPU needed to build)
+        layer = SparseLinear.from_dense(torch.from_numpy(w), bias, fmt=pattern, device="cpu")
+    else:
+        layer = tl.TensorCoreLinear.from_dense(w, bias, pattern, activation="gelu", device="cpu")
+    k = layer.kernel(64)
+    assert [p.name for p in k.params][2:] == ["X", "bias", "C"]
+    out = k.params[-1]
+    assert out.dtype == "float16" and out.shape == (64, "rows")  # token-major, the layer's precision
+    mode = "gather" if pattern.startswith("nm_tc") else "sp24"
+    assert {n: k.knobs[n] for n in ("warps_m", "k_steps", "stages")} == \
+        {n: tl.knobs_for(mode, 64, int(layer.values.shape[1]))[n] for n in ("warps_m", "k_steps", "stages")}
+    ptx = nvcc_ptx(k.source(), "sm_90a")
+    assert instr in ptx and "cvt.rn.f16.f32" in ptx and "st.global.v4" in ptx  # fp16 C, 16-byte stores
+    assert layer.kernel(64) is k  # compiled once per pattern, token count and layout
+
+
+def test_layer_operator_computes_the_linear_layer_on_the_llvm_target():
+    """The operator the layer compiles (bias per output feature, GELU, float16 output written
+    token-major) against float64 on a poisoned output, through the generic llvm kernel."""
+    from sparsec import build, formats, reference
+
+    rng = np.random.default_rng(5)
+    w = tl.prune(rng.standard_normal((40, 48)).astype(np.float32), "mma_sp:2,4")
+    w[3] = 0  # an empty row (an output feature that is its bias alone)
+    A = formats.convert(w, "mma_sp", dtype=np.float16)
+    op = tl.linear_operator(True, "gelu", True, "float16")
+    x = rng.standard_normal((48, 8)).astype(np.float16)
+    b = rng.standard_normal(40).astype(np.float32)
+    got = build.compile(op, A, target="llvm", tokens=8)(A, x, b, poison=True)
+    want = reference.evaluate(op, A, x, b, params={"tokens": 8})
+    assert got.dtype == np.float16 and got.shape == (8, 40)
+    gelu = torch.nn.functional.gelu(torch.from_numpy(w.astype(np.float16).astype(np.float64) @ x.astype(np.float64)
+                                                     + b[:, None])).numpy().T
+    np.testing.assert_allclose(want, gelu, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
