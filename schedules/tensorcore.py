@@ -1,5 +1,11 @@
 """Tensor Core template for BSR SpMM (fp16 / bf16 values, fp32 accumulation) on CUDA.
 
+It takes any operator whose first statement is a block SpMM ``C[i, k] += A[i, j] * B[j, k]``
+(recognised by structure, :func:`is_block_spmm`), followed or not by element-wise dense
+iterations on C (bias, scale, activation, cast: ``tensorcore_epilogue``), which the store
+applies to the fp32 accumulator; and any feature count (the last N tile is guarded; 8-column
+tiles use 16 x 8 fragments, ``tensorcore_n8``).
+
 The generic lowering reads each stored block and its B rows through data-dependent
 indices, which TVM cannot blockize or tensorize (tvm-0.27 notes §4.3). This template
 starts from a *staged* form of the same operator instead, where every tile the Tensor
@@ -11,7 +17,7 @@ Cores read is first gathered into a constant-shape buffer:
         A_s[bs, bs]     = A[block p]                                 gather (16-byte copies)
         B_s[bs, n_tile] = B[col(p) * bs : +bs, bj * n_tile : +n_tile] (rows past `cols` read 0)
         acc += A_s @ B_s                                             (fp32 accumulation)
-      C[bi * bs : +bs, bj * n_tile : +n_tile] = acc                  (rows past `rows` skipped)
+      C[bi * bs : +bs, bj * n_tile : +n_tile] = epilogue(acc)        (rows past `rows`, columns past feat skipped)
 
 ``staged_spmm`` builds that PrimFunc (same arguments as the generic kernel, so Kernel
 calls it the same way); run unscheduled on llvm it is the reference semantics. With
@@ -242,7 +248,7 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
         indices = T.match_buffer(indices_h, (nnz,), "int32")
         A = T.match_buffer(A_h, (nnz * BS * BS,), DT)
         B = T.match_buffer(B_h, (cols, F), DT)
-        C = T.match_buffer(C_h, (rows, F), "float32")
+        C = T.match_buffer(C_h, (rows, F), OUT)
         for bi, bj in T.grid(T.max(n_io, 1), NJ):
             with T.sblock("tile"):
                 vbi, vbj = T.axis.remap("SS", [bi, bj])
