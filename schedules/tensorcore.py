@@ -188,13 +188,14 @@ N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the defau
 
 def default_knobs(bs: int, feat: int) -> dict:
     """The N tile that fits the features (8, 16 or 32 columns for few features; else 128
-    where it divides them, 64 otherwise), 2 to 4 warps over the block for narrow tiles; 4
-    warps for blocks of 16 and 32 and 8 for 64 with wide tiles."""
-    if feat <= 32:
+    where it divides them, 64 otherwise), 1 to 4 warps and 4 stages for narrow tiles; 4
+    warps for blocks of 16 and 32 and 8 for 64 with wide tiles. Not measured on a GPU for
+    the narrow tiles yet: ``sparsec tune`` searches them (``bsr_tensorcore``'s knobs)."""
+    if feat <= 32:  # few features: a short product per block, so a deep pipeline hides the gathers' latency
         n_tile = 8 if feat <= 8 else 16 if feat <= 16 else 32
         warp_n = min(n_tile, 16)
         warp_m = 16 if bs <= 32 else 32
-        return {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": 3}
+        return {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": 4}
     n_tile = 128 if feat % 128 == 0 else 64
     if bs == 16:
         return {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}

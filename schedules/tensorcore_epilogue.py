@@ -86,7 +86,7 @@ def epilogue_of(program, out: str) -> Optional[Epilogue]:
 
 def _nodes(e):
     """Every node of ``e`` with the index expressions of loads left out (checked apart)."""
-    from sparsec.expr import BinOp, Call, Load, Select
+    from sparsec.expr import BinOp, Call, Select
 
     yield e
     if isinstance(e, BinOp):
@@ -99,8 +99,6 @@ def _nodes(e):
         children = ()
     for c in children:
         yield from _nodes(c)
-    if isinstance(e, Load):
-        return
 
 
 def _allowed(node) -> bool:
@@ -120,19 +118,18 @@ def _to_tir(e, env, out, value, buffers, literal):
     ``value``, other loads read ``buffers`` at indices with ``env``'s row/col substituted."""
     from tvm import tirx
 
-    from sparsec.expr import BinOp, Call, Const, Load, Select, Var
+    from sparsec.expr import BinOp, Call, Const, Load, Select
+
+    def index(x):
+        return tirx.IntImm("int32", x.value) if isinstance(x, Const) else env[x.name]
 
     def go(x):
-        if isinstance(x, Const):
-            if isinstance(x.value, float):
-                return tirx.FloatImm(literal, x.value)
-            return tirx.IntImm("int32", x.value)
-        if isinstance(x, Var):
-            return env[x.name]
+        if isinstance(x, Const):  # a value: literals take the compute dtype, as the emitter's
+            return tirx.FloatImm(literal, float(x.value))
         if isinstance(x, Load):
             if x.buffer == out:
                 return value
-            return tirx.BufferLoad(buffers[x.buffer], [go(i) for i in x.index])
+            return tirx.BufferLoad(buffers[x.buffer], [index(i) for i in x.index])
         if isinstance(x, Select):
             return tirx.if_then_else(go(x.cond), go(x.then), go(x.other))
         if isinstance(x, Call):
