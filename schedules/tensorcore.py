@@ -1,5 +1,11 @@
 """Tensor Core template for BSR SpMM (fp16 / bf16 values, fp32 accumulation) on CUDA.
 
+It takes any operator whose first statement is a block SpMM ``C[i, k] += A[i, j] * B[j, k]``
+(recognised by structure, :func:`is_block_spmm`), followed or not by element-wise dense
+iterations on C (bias, scale, activation, cast: ``tensorcore_epilogue``), which the store
+applies to the fp32 accumulator; and any feature count (the last N tile is guarded; 8-column
+tiles use 16 x 8 fragments, ``tensorcore_n8``).
+
 The generic lowering reads each stored block and its B rows through data-dependent
 indices, which TVM cannot blockize or tensorize (tvm-0.27 notes §4.3). This template
 starts from a *staged* form of the same operator instead, where every tile the Tensor
@@ -11,7 +17,7 @@ Cores read is first gathered into a constant-shape buffer:
         A_s[bs, bs]     = A[block p]                                 gather (16-byte copies)
         B_s[bs, n_tile] = B[col(p) * bs : +bs, bj * n_tile : +n_tile] (rows past `cols` read 0)
         acc += A_s @ B_s                                             (fp32 accumulation)
-      C[bi * bs : +bs, bj * n_tile : +n_tile] = acc                  (rows past `rows` skipped)
+      C[bi * bs : +bs, bj * n_tile : +n_tile] = epilogue(acc)        (rows past `rows`, columns past feat skipped)
 
 ``staged_spmm`` builds that PrimFunc (same arguments as the generic kernel, so Kernel
 calls it the same way); run unscheduled on llvm it is the reference semantics. With
@@ -32,12 +38,14 @@ non-constant cp.async wait count on a loop of data-dependent length).
 """
 from __future__ import annotations
 
-from typing import Dict
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 from tvm import s_tir
 from tvm.script import tirx as T
 
 from .knobs import ANY, check_applicable, transformation
+from .tensorcore_epilogue import Epilogue, epilogue_of
 
 DTYPES = ("float16", "bfloat16")
 WARP = 32
@@ -53,18 +61,12 @@ PASS_CONFIG = {"tirx.use_async_copy": True}  # lowers the gathers marked async_s
 
 def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
     """True when the Tensor Core template fits: CUDA, fp16/bf16 values, the program is a
-    block SpMM (:func:`is_block_spmm`) over square blocks of a multiple of 16, and the
-    feature count is a multiple of the N tile (else the generic template runs: correct, slower)."""
+    block SpMM (:func:`is_block_spmm`, with or without an element-wise epilogue) over square
+    blocks of a multiple of 16. Any feature count: a last N tile past it is guarded. ``knobs``
+    do not decide it (a knob the template cannot take is refused by :func:`schedule`)."""
     if target_kind != "cuda" or program.dtype.sparse not in DTYPES:
         return False
-    if not is_block_spmm(program):
-        return False
-    bs = block_size(program)
-    if bs is None:
-        return False
-    feat = feat_of(program)
-    n_tile = (knobs or {}).get("n_tile") or default_knobs(bs, feat)["n_tile"]
-    return feat % n_tile == 0
+    return is_block_spmm(program) and block_size(program) is not None and feat_of(program) >= 1
 
 
 def schedule(program, **knobs):
@@ -73,44 +75,90 @@ def schedule(program, **knobs):
     does not take (a generic CUDA knob, an unknown one) is a ValueError."""
     check_applicable(knobs, [(bsr_tensorcore, (ANY,))], f"{program.name} on cuda (Tensor Cores)")
     chosen = _resolve(program, knobs)
-    func = staged_spmm(block_size(program), feat_of(program), chosen["n_tile"], program.dtype.sparse,
-                       chosen["stages"], async_copy=True, name=program.name)
+    check_knobs(block_size(program), feat_of(program), **chosen)
+    func = staged_for(program, chosen["n_tile"], chosen["stages"], async_copy=True)
     sch = s_tir.Schedule(func, enable_check=False)
     bsr_tensorcore(sch, program, **chosen)
     return sch, chosen
 
 
+def staged_for(program, n_tile: int, stages: int = 1, async_copy: bool = False):
+    """``staged_spmm`` for ``program`` (a block SpMM): its block size, features, dtypes, its
+    epilogue and its arguments in the order the generic kernel takes them."""
+    parts = _spmm_parts(program)
+    if parts is None or block_size(program) is None:
+        raise ValueError(f"{program.name} is not a block SpMM over square blocks of a multiple of 16")
+    epi = epilogue_of(program, parts[2])
+    by_name = {b.name: b for b in program.buffers}
+    return staged_spmm(block_size(program), feat_of(program), n_tile, program.dtype.sparse, stages, async_copy,
+                       name=program.name, out_dtype=by_name[parts[2]].dtype, epilogue=epi,
+                       signature=Signature.of(program, parts))
+
+
 def is_block_spmm(program) -> bool:
-    """Capability check, on the program's structure alone: one statement, a sum over the
-    sparse axis of (sparse value x dense operand) into a dense output,
-    ``C[i, k] += A[i, j] * B[j, k]``, over one format part, with no other operand (no bias,
-    no epilogue): the staged function's arguments (two index arrays, A, B, C and three
-    extents)."""
+    """Capability check, on the program's structure alone: the first statement is a sum over
+    the sparse axis of (sparse value x dense operand) into a dense output,
+    ``C[i, k] += A[i, j] * B[j, k]``, over one format part, A and B in the precision's
+    dtype; what follows it, if anything, is an element-wise epilogue on C
+    (``tensorcore_epilogue.epilogue_of``: bias, scale, activation, cast) whose other operands
+    are dense inputs, which become further arguments of the staged function."""
+    parts = _spmm_parts(program)
+    return parts is not None and epilogue_of(program, parts[2]) is not None
+
+
+def _spmm_parts(program):
+    """(sparse operand, dense operand, output) names of a program whose first nest is a block
+    SpMM statement (see :func:`is_block_spmm`), else None."""
     from sparsec.dsl import Access
     from sparsec.expr import BinOp
 
     op = program.bound.op
     statements = [it.statement for it in op.iterations if it.statement is not None]
-    if program.bound.composite or len(statements) != 1 or len(program.nests) != 1:
-        return False
+    if program.bound.composite or not statements or not program.nests:
+        return None
     st, nest = statements[0], program.nests[0]
-    if st.reduce != "sum" or nest.reduce != "sum" or not nest.init or nest.atomic or nest.fill:
-        return False
+    if st.reduce != "sum" or nest.reduce != "sum" or not nest.init or nest.atomic or nest.fill or nest.dense:
+        return None
     v = st.value
     if not (isinstance(v, BinOp) and v.op == "*" and isinstance(v.a, Access) and isinstance(v.b, Access)):
-        return False
+        return None
     sparse, dense = (v.a, v.b) if v.a.buffer.sparse else (v.b, v.a)
     out = st.target
     row, col = op.structure()
     k = out.axes[-1]
     if (not sparse.buffer.matrix or dense.buffer.sparse or out.buffer.sparse or k.structural
             or out.axes != (row, k) or sparse.axes != (row, col) or dense.axes != (col, k)):
-        return False
-    if any(b.dtype is not None for b in op.buffers):  # the staged kernel takes the precision's own dtypes
-        return False
-    roles = [(b.role, b.sparse) for b in program.buffers]
-    return (roles == [("index", False), ("index", False), ("input", True), ("input", False), ("output", False)]
-            and len(program.scalars) == 3)
+        return None
+    by_name = {b.name: b for b in program.buffers}
+    names = (sparse.buffer.name, dense.buffer.name, out.buffer.name)
+    if any(n not in by_name for n in names) or not by_name[names[2]].dtype.startswith(("float", "bfloat")):
+        return None
+    if by_name[names[0]].dtype != program.dtype.sparse or by_name[names[1]].dtype != program.dtype.sparse:
+        return None  # the staged kernel's tiles take the precision's own dtype
+    if len([b for b in program.buffers if b.role == "index"]) != 2 or sorted(program.scalars) != sorted(SCALARS):
+        return None
+    if [b for b in program.buffers if b.sparse and b.name != names[0]]:
+        return None  # per-entry data beside the matrix
+    return names
+
+
+SCALARS = ("n_io", "rows", "cols")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The staged function's arguments in the generic kernel's order: buffers as (name, role
+    in the template or "extra", dtype, shape) and the scalars by name."""
+
+    buffers: Tuple[Tuple[str, str, str, tuple], ...]
+    scalars: Tuple[str, ...] = SCALARS
+
+    @staticmethod
+    def of(program, parts) -> "Signature":
+        index = [b.name for b in program.buffers if b.role == "index"]  # the row pointer, then the block columns
+        roles = {index[0]: "indptr", index[1]: "indices", parts[0]: "A", parts[1]: "B", parts[2]: "C"}
+        return Signature(tuple((b.name, roles.get(b.name, "extra"), b.dtype, tuple(b.shape)) for b in program.buffers),
+                         tuple(program.scalars))
 
 
 def block_size(program):
@@ -135,8 +183,19 @@ def feat_of(program) -> int:
     return int(next((b.loop.extent for b in program.nests[0].blocks[-1] if b.loop.role == "dense"), 0))
 
 
+N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the default first
+
+
 def default_knobs(bs: int, feat: int) -> dict:
-    """4 warps for blocks of 16 and 32, 8 for 64; a 128-column N tile (64 when N is narrower)."""
+    """The N tile that fits the features (8, 16 or 32 columns for few features; else 128
+    where it divides them, 64 otherwise), 1 to 4 warps and 4 stages for narrow tiles; 4
+    warps for blocks of 16 and 32 and 8 for 64 with wide tiles. Not measured on a GPU for
+    the narrow tiles yet: ``sparsec tune`` searches them (``bsr_tensorcore``'s knobs)."""
+    if feat <= 32:  # few features: a short product per block, so a deep pipeline hides the gathers' latency
+        n_tile = 8 if feat <= 8 else 16 if feat <= 16 else 32
+        warp_n = min(n_tile, 16)
+        warp_m = 16 if bs <= 32 else 32
+        return {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": 4}
     n_tile = 128 if feat % 128 == 0 else 64
     if bs == 16:
         return {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}
@@ -145,22 +204,41 @@ def default_knobs(bs: int, feat: int) -> dict:
     return {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
 
 
+def vector_width(feat: int, widest: int) -> int:
+    """The widest vector (in elements, at most ``widest``) that divides a row of ``feat``:
+    a row then starts on its alignment, and a vector never crosses the last column."""
+    w = widest
+    while feat % w:
+        w //= 2
+    return w
+
+
 # --------------------------------------------------------------------------- the staged operator
 
 
 def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, async_copy: bool = False,
-                name: str = "spmm"):
+                name: str = "spmm", out_dtype: str = "float32", epilogue: Optional[Epilogue] = None,
+                signature: Optional["Signature"] = None):
     """The staged BSR SpMM PrimFunc (arguments as the generic kernel's: indptr, indices, A, B,
-    C, n_io, rows, cols). Staging buffers are global; the schedule moves them on chip.
+    C, n_io, rows, cols, or ``signature``'s order with its extra operands). Staging buffers
+    are global; the schedule moves them on chip.
+
+    ``feat`` need not be a multiple of ``n_tile``: the last N tile reads zeros past the last
+    column (a predicated copy) and stores only the columns that exist. Each output element
+    is stored as ``epilogue.apply(cast(out_dtype, acc))`` (``tensorcore_epilogue``).
 
     ``stages`` > 1 software-pipelines the block loop by hand: A_s and B_s hold ``stages``
     slots, and iteration p gathers block p into slot p % stages while the product reads
     block p - stages + 1 (the loop runs stages - 1 extra iterations to drain). With
     ``async_copy`` (CUDA) the gathers are marked for ``cp.async``: each iteration commits
     one copy group (empty past the row's end) and the product waits until at most
-    stages - 1 groups are in flight."""
-    BS, F, NT, DT, S = bs, feat, n_tile, dtype, stages
+    stages - 1 groups are in flight. B rows of fewer than 4 bytes' alignment (odd ``feat``)
+    are copied synchronously (cp.async moves 4, 8 or 16 bytes)."""
+    BS, F, NT, DT, S, OUT = bs, feat, n_tile, dtype, stages, out_dtype
+    NJ = -(-F // NT)
+    TAIL = F % NT != 0
     zero = T.Cast(DT, 0)
+    b_async = async_copy and vector_width(F, 8) >= 2
 
     @T.prim_func(s_tir=True)
     def spmm(indptr_h: T.handle, indices_h: T.handle, A_h: T.handle, B_h: T.handle, C_h: T.handle,
@@ -171,12 +249,12 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
         indices = T.match_buffer(indices_h, (nnz,), "int32")
         A = T.match_buffer(A_h, (nnz * BS * BS,), DT)
         B = T.match_buffer(B_h, (cols, F), DT)
-        C = T.match_buffer(C_h, (rows, F), "float32")
-        for bi, bj in T.grid(T.max(n_io, 1), F // NT):
+        C = T.match_buffer(C_h, (rows, F), OUT)
+        for bi, bj in T.grid(T.max(n_io, 1), NJ):
             with T.sblock("tile"):
                 vbi, vbj = T.axis.remap("SS", [bi, bj])
                 T.reads(indptr[0:n_io + 1], indices[0:nnz], A[0:nnz * BS * BS], B[0:cols, 0:F])
-                T.writes(C[0:rows, vbj * NT:vbj * NT + NT])
+                T.writes(C[0:rows, vbj * NT:T.min(vbj * NT + NT, F)])
                 A_s = T.sblock_alloc_buffer((S, BS, BS), DT)
                 B_s = T.sblock_alloc_buffer((S, BS, NT), DT)
                 acc = T.sblock_alloc_buffer((BS, NT), "float32")
@@ -201,16 +279,21 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
                                         T.reads(A[((start + vp) * BS + vi) * BS + vk])
                                         T.writes(A_s[0:S, vi, vk])  # any slot: covers the product's reads
                                         A_s[vp % S, vi, vk] = A[((start + vp) * BS + vi) * BS + vk]
-                            with T.attr(0, "async_scope" if async_copy else "sparsec_copy", 1):
+                            with T.attr(0, "async_scope" if b_async else "sparsec_copy", 1):
                                 for k, j in T.grid(BS, NT):
                                     with T.sblock("B_load"):
                                         vp = T.axis.opaque(row_len + S - 1, p)
                                         vk, vj = T.axis.remap("SS", [k, j])
                                         T.reads(indices[start + vp], B[indices[start + vp] * BS + vk, vbj * NT + vj])
                                         T.writes(B_s[0:S, vk, vj])
-                                        B_s[vp % S, vk, vj] = T.if_then_else(
-                                            indices[start + vp] * BS + vk < cols,
-                                            B[indices[start + vp] * BS + vk, vbj * NT + vj], zero)
+                                        if TAIL:  # columns past F read 0
+                                            B_s[vp % S, vk, vj] = T.if_then_else(
+                                                indices[start + vp] * BS + vk < cols and vbj * NT + vj < F,
+                                                B[indices[start + vp] * BS + vk, vbj * NT + vj], zero)
+                                        else:
+                                            B_s[vp % S, vk, vj] = T.if_then_else(
+                                                indices[start + vp] * BS + vk < cols,
+                                                B[indices[start + vp] * BS + vk, vbj * NT + vj], zero)
                     if p >= S - 1:
                         use = T.int32((p + 1) % S)  # the slot of block p - S + 1 (a let: affine for blockize)
                         with T.attr(0, "async_wait_queue_scope" if async_copy else "sparsec_wait", 0):
@@ -234,12 +317,72 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
                 for i, j in T.grid(BS, NT):
                     with T.sblock("C_store"):
                         vi, vj = T.axis.remap("SS", [i, j])
-                        T.where(vbi * BS + i < rows)
+                        if TAIL:
+                            T.where(vbi * BS + i < rows and vbj * NT + j < F)
+                        else:
+                            T.where(vbi * BS + i < rows)
                         T.reads(C_s[vi, vj])
                         T.writes(C[vbi * BS + vi, vbj * NT + vj])
-                        C[vbi * BS + vi, vbj * NT + vj] = C_s[vi, vj]
+                        C[vbi * BS + vi, vbj * NT + vj] = T.Cast(OUT, C_s[vi, vj])
 
-    return spmm
+    if epilogue is None and signature is None:
+        return spmm
+    return with_operands(spmm, signature, epilogue)
+
+
+def with_operands(func, signature: Optional[Signature], epilogue: Optional[Epilogue]):
+    """``func`` (``staged_spmm``'s own arguments) taking ``signature``'s arguments in its
+    order, the extra operands as buffers of their declared shapes, and storing each output
+    element through ``epilogue``."""
+    import tvm
+    from tvm import tirx
+
+    from .tir_rewrite import map_blocks, with_fields
+
+    base = list(func.params)
+    by_role = {"indptr": base[0], "indices": base[1], "A": base[2], "B": base[3], "C": base[4]}
+    scalars = dict(zip(SCALARS, base[5:]))
+    sig = signature or Signature(tuple((r, r, "", ()) for r in ("indptr", "indices", "A", "B", "C")))
+    params, extras = [], {}
+    for name, role, dtype, shape in sig.buffers:
+        if role != "extra":
+            params.append(by_role[role])
+            continue
+        extras[name] = tirx.decl_buffer([_shape_dim(d, scalars, name) for d in shape], dtype, name)
+        params.append(extras[name])
+    params += [scalars[s] for s in sig.scalars]
+    regions = [tirx.BufferRegion(b, [tvm.ir.Range.from_min_extent(0, d) for d in b.shape]) for b in extras.values()]
+
+    def rewrite(block):
+        if block.name_hint == "tile":
+            return with_fields(block, body=map_blocks(block.body, rewrite), reads=list(block.reads) + regions)
+        if block.name_hint != "C_store":
+            return None
+        store = block.body
+        value = store.value
+        if epilogue is not None:
+            value = epilogue.apply(value, store.indices[0], store.indices[1], extras)
+            if str(value.ty) != str(store.buffer.dtype):
+                value = tirx.Cast(str(store.buffer.dtype), value)
+        return with_fields(block, body=tirx.BufferStore(store.buffer, value, store.indices),
+                           reads=list(block.reads) + regions)
+
+    body = map_blocks(func.body, rewrite)
+    return tirx.PrimFunc(params, body, func.ret_type, func.attrs)
+
+
+def _shape_dim(d, scalars, name):
+    """One dimension of an extra operand's declared shape (a flat expression of the sizes)."""
+    from sparsec.expr import BinOp, Const, Var
+
+    if isinstance(d, Const):
+        return int(d.value)
+    if isinstance(d, Var) and d.name in scalars:
+        return scalars[d.name]
+    if isinstance(d, BinOp) and d.op in ("+", "*", "-"):
+        a, b = _shape_dim(d.a, scalars, name), _shape_dim(d.b, scalars, name)
+        return a + b if d.op == "+" else a * b if d.op == "*" else a - b
+    raise ValueError(f"the Tensor Core template cannot size the operand {name}: its shape holds {d!r}")
 
 
 # --------------------------------------------------------------------------- tensor intrinsics
@@ -371,8 +514,6 @@ def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stage
         raise ValueError(f"bsr_tensorcore: warp_m should divide the block size {bs}, got {warp_m}")
     if warp_n > n_tile or n_tile % warp_n:
         raise ValueError(f"bsr_tensorcore: warp_n should divide n_tile {n_tile}, got {warp_n}")
-    if feat % n_tile:
-        raise ValueError(f"bsr_tensorcore: feat should be a multiple of n_tile {n_tile}, got {feat}")
     warps = (bs // warp_m) * (n_tile // warp_n)
     if warps > MAX_WARPS:
         raise ValueError(f"bsr_tensorcore: (bs/warp_m)*(n_tile/warp_n) should be at most {MAX_WARPS} warps, "
@@ -387,14 +528,18 @@ def _resolve(program, knobs) -> dict:
 
 
 def _prune(program, knobs):
+    chosen = _resolve(program, knobs)
     try:
-        check_knobs(block_size(program), feat_of(program), **_resolve(program, knobs))
+        check_knobs(block_size(program), feat_of(program), **chosen)
     except ValueError as e:
         return str(e)
+    feat = feat_of(program)
+    if any(feat <= n < chosen["n_tile"] for n in N_TILES):  # the same columns in a wider, emptier tile
+        return f"bsr_tensorcore: n_tile {chosen['n_tile']} is wider than the {feat} features need"
     return None
 
 
-@transformation(knobs={"n_tile": (128, 64, 256), "warp_m": (32, 16, 64), "warp_n": (32, 16, 64),
+@transformation(knobs={"n_tile": N_TILES, "warp_m": (32, 16, 64), "warp_n": (32, 16, 64, 8),
                        "stages": (2, 1, 3, 4)}, resolve=_resolve, prune=_prune)
 def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int):
     """Schedule ``staged_spmm`` onto Tensor Cores (see the module docstring).
@@ -404,22 +549,35 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     After:  bx = bi, by = bj, ty = warps, tx = lanes;  acc in mma fragments;
             for p (pipelined, cp.async): ldmatrix -> mma.sync per 16-deep step;  C via shared
     """
-    bs = block_size(program)
-    warps = check_knobs(bs, feat_of(program), n_tile, warp_m, warp_n, stages)
+    bs, feat = block_size(program), feat_of(program)
+    warps = check_knobs(bs, feat, n_tile, warp_m, warp_n, stages)
     names = intrinsics(program.dtype.sparse)
     from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as layout
 
+    # output fragments 16 x fw: 16 x 16 (two m16n8k16 each), or 16 x 8 for warp_n = 8 (one)
+    fw = 8 if warp_n == 8 else 16
+    if fw == 8:
+        from . import tensorcore_n8 as n8
+
+        names = {**names, **n8.intrinsics(program.dtype.sparse)}
+        c_layout, b_layout = n8.c_layout, n8.b_layout
+    else:
+        c_layout = b_layout = layout
+
     def frag(i, j):
-        return (i // 16, j // 16, *layout(i % 16, j % 16))
+        return (i // 16, j // fw, *c_layout(i % 16, j % fw))
 
     def slot_frag(s, i, j):
         return (s, i // 16, j // 16, *layout(i % 16, j % 16))
+
+    def slot_frag_b(s, k, j):
+        return (s, k // 16, j // fw, *b_layout(k % 16, j % fw))
 
     tile = sch.get_sblock("tile")
     bi, bj = sch.get_loops(tile)
     sch.bind(bi, "blockIdx.x")
     sch.bind(bj, "blockIdx.y")
-    fm, fn = warp_m // 16, warp_n // 16
+    fm, fn = warp_m // 16, warp_n // fw
     wm, wn = bs // warp_m, n_tile // warp_n
 
     # on-chip buffers: A_s, B_s (dynamic shared), acc (mma fragments, per warp)
@@ -428,10 +586,10 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     sch.set_scope(sch.get_sblock("B_load"), 0, "shared.dyn")
     sch.set_scope(sch.get_sblock("acc_init"), 0, "warp")
 
-    # mma: (i, j, k) -> ty (warps), k steps, fragments, 16x16x16 tiles
+    # mma: (i, j, k) -> ty (warps), k steps, fragments, 16 x fw x 16 tiles
     i, j, k = sch.get_loops(mma)[-3:]
     i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, fw])
     k0, k1 = sch.split(k, [None, 16])
     sch.reorder(i0, j0, k0, i1, j1, i2, j2, k1)
     sch.bind(sch.fuse(i0, j0), "threadIdx.y")
@@ -445,7 +603,7 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     init = sch.get_sblock("acc_init")
     i, j = sch.get_loops(init)[-2:]
     i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, fw])
     sch.reorder(i0, j0, i1, j1, i2, j2)
     sch.bind(sch.fuse(i0, j0), "threadIdx.y")
     store = sch.get_sblock("C_store")
@@ -453,19 +611,20 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     sch.set_scope(acc_s, 0, "shared")
     i, j = sch.get_loops(acc_s)[-2:]
     i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, fw])
     sch.reorder(i0, j0, i1, j1, i2, j2)
     sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    # C (and the epilogue's operands) in vectors that divide a row: a tail tile never crosses it
     i, j = sch.get_loops(store)[-2:]
-    _, ty, tx, vec = sch.split(sch.fuse(i, j), [None, warps, WARP, 4])
+    _, ty, tx, vec = sch.split(sch.fuse(i, j), [None, warps, WARP, vector_width(feat, 4)])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(vec)
 
-    # gathers: 16-byte vectors over all threads
-    for name in ("A_load", "B_load"):
+    # gathers: 16-byte vectors over all threads (B: the widest that divides its rows)
+    for name, width in (("A_load", 8), ("B_load", vector_width(feat, 8))):
         blk = sch.get_sblock(name)
-        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-2:]), [None, warps, WARP, 8])
+        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-2:]), [None, warps, WARP, width])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
@@ -473,17 +632,16 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     sch.storage_align(acc_s, 0, axis=-2, factor=32, offset=4)
 
     # fragments: layouts, then tensorize
-    for blk, (h, w) in ((a_w, (16, 16)), (b_w, (16, 16))):
+    for blk, (h, w) in ((a_w, (16, 16)), (b_w, (16, fw))):
         a, b = sch.get_loops(blk)[-2:]
         a0, a1 = sch.split(a, [None, h])
         b0, b1 = sch.split(b, [None, w])
         sch.reorder(a0, b0, a1, b1)
     sch.transform_layout(a_w, ("write", 0), slot_frag)
-    sch.transform_layout(b_w, ("write", 0), slot_frag)
+    sch.transform_layout(b_w, ("write", 0), slot_frag_b)
     sch.transform_layout(init, ("write", 0), frag)
     sch.tensorize(sch.get_loops(a_w)[-2], names["ld_a"])
     sch.tensorize(sch.get_loops(b_w)[-2], names["ld_b"])
     sch.tensorize(sch.get_loops(sch.get_sblock("mma"))[-3], names["mma"])
     sch.tensorize(sch.get_loops(init)[-2], names["fill"])
     sch.tensorize(sch.get_loops(acc_s)[-2], names["store"])
-

@@ -31,6 +31,35 @@ def spmm_bias_relu() -> dsl.Operator:
     return op
 
 
+def spmm_row_bias_relu() -> dsl.Operator:
+    """C[i, k] = relu(sum_j A[i, j] * B[j, k] + bias[i]): a bias per output row."""
+    op, I, K, C = _spmm("spmm_row_bias_relu", "C = relu(A @ B + bias[:, None])")
+    bias = op.dense_input("bias", (I,))
+    with op.iterate([I, K], "SS") as (i, k):
+        C[i, k] = dsl.maximum(C[i, k] + bias[i], 0.0)
+    return op
+
+
+def spmm_scaled_half() -> dsl.Operator:
+    """C = relu(s[i] * (A @ B) * 0.5) stored as float16: a per-row scale, a constant, an
+    activation and a cast, in two iterations after the reduction."""
+    op = dsl.Operator("spmm_scaled_half", "C = half(relu(0.5 * s[:, None] * (A @ B)))")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    K = op.dense_fixed("k", extent="feat")
+    A = op.sparse_input("A", (I, J))
+    B = op.dense_input("B", (J, K))
+    s = op.dense_input("s", (I,))
+    C = op.dense_output("C", (I, K), dtype="float16")
+    with op.iterate([I, J, K], "SRS") as (i, j, k):
+        C[i, k] += A[i, j] * B[j, k]
+    with op.iterate([I, K], "SS") as (i, k):
+        C[i, k] = C[i, k] * s[i] * 0.5
+    with op.iterate([I, K], "SS") as (i, k):
+        C[i, k] = dsl.maximum(C[i, k], 0.0)
+    return op
+
+
 def transform_aggregate() -> dsl.Operator:
     """A GCN layer: H = X @ W over the columns (once per column), then C = A @ H."""
     op = dsl.Operator("gcn_layer", "C = A @ (X @ W)")

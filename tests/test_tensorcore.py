@@ -102,10 +102,11 @@ def test_nvcc_compiles_tensor_core_kernels(kernels):
         assert ok, f"nvcc -arch={key[1]} failed for {key[0]}:\n{log[-3000:]}"
 
 
-def test_feat_not_a_multiple_of_the_tile_falls_back():
-    """feat = 96: no 64/128 column tile fits, so the generic template (no mma) compiles it."""
+def test_feat_not_a_multiple_of_the_tile_takes_a_guarded_tail():
+    """feat = 96: two 64-column tiles, the second half past the last column (B read as
+    zeros by a predicated copy, C stored where the column exists), still on Tensor Cores."""
     k = sparsec.compile("spmm", "bsr:32x32", feat=96, dtype="float16", target="cuda:sm_90a")
-    assert "mma.sync" not in k.source() and "n_tile" not in k.knobs
+    assert "mma.sync" in k.source() and k.knobs["n_tile"] == 64
     assert k.outputs[0].dtype == "float32"
 
 
