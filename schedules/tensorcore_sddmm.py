@@ -251,9 +251,10 @@ def staged_sddmm(shape: SddmmShape, stages: int = 1, row_split: int = 1, async_c
                  name: str = "sddmm"):
     """The staged block SDDMM PrimFunc, its arguments those of the generic kernel
     (``shape.params`` in order, then n_io, rows, cols). Staging buffers are global; the
-    schedule moves them on chip. ``stages`` > 1 pipelines the K tiles by hand (iteration t
-    gathers the CTA's block t into slot t % stages while the product reads block
-    t - stages + 1); with ``async_copy`` (CUDA) the gathers are marked for ``cp.async``."""
+    schedule moves them on chip. ``stages`` > 1 pipelines the K tiles by hand (a prologue
+    gathers the CTA's first stages - 1 blocks; iteration q gathers block q + stages - 1 into
+    slot (q - 1) % stages while the product reads block q); with ``async_copy`` (CUDA) the
+    gathers are marked for ``cp.async``, one commit group per gather."""
     BS, F, DT, S, G = shape.bs, shape.feat, shape.dtype, stages, row_split
     FP = -(-F // 16) * 16
     zero = T.Cast(DT, 0)
@@ -267,6 +268,10 @@ def staged_sddmm(shape: SddmmShape, stages: int = 1, row_split: int = 1, async_c
             v = v * T.float32(shape.scale)
         cond = tirx.all(in_range, T.Cast("int32", valid[slot]) > 0) if shape.masked else in_range
         return T.if_then_else(cond, v, T.float32(0))
+
+    def epilogue_reads(A, valid, at, n):
+        """What the epilogue reads of A and the slot mask: only the buffers the kernel takes."""
+        return [b[at:at + n] for b, used in ((A, shape.sampled), (valid, shape.masked)) if used]
 
     @T.prim_func(s_tir=True)
     def sddmm(indptr_h: T.handle, indices_h: T.handle, valid_h: T.handle, A_h: T.handle, Q_h: T.handle,
@@ -283,8 +288,8 @@ def staged_sddmm(shape: SddmmShape, stages: int = 1, row_split: int = 1, async_c
         for bi, g in T.grid(T.max(n_io, 1), G):
             with T.sblock("tile"):
                 vbi, vg = T.axis.remap("SS", [bi, g])
-                T.reads(indptr[0:n_io + 1], indices[0:nnz], valid[0:nnz * BS * BS], A[0:nnz * BS * BS],
-                        Q[0:rows, 0:F], K[0:cols, 0:F])
+                T.reads(indptr[0:n_io + 1], indices[0:nnz], Q[0:rows, 0:F], K[0:cols, 0:F],
+                        *epilogue_reads(A, valid, 0, nnz * BS * BS))
                 T.writes(C[0:nnz * BS * BS])
                 Q_s = T.sblock_alloc_buffer((BS, FP), DT)
                 K_s = T.sblock_alloc_buffer((S, BS, FP), DT)
@@ -315,56 +320,72 @@ def staged_sddmm(shape: SddmmShape, stages: int = 1, row_split: int = 1, async_c
                 start = T.int32(indptr[T.min(vbi, n_io)])
                 row_len = T.int32(indptr[T.min(vbi + 1, n_io)] - start)
                 mine = T.int32((row_len - vg + G - 1) // G)  # this CTA's blocks: vg, vg + G, ...
-                for t in range(mine + S - 1):
+                if S > 1:  # prologue: the first S - 1 blocks in flight, one commit group each
+                    for t in range(S - 1):
+                        with T.attr(0, commit, 0):
+                            if t < mine:
+                                with T.attr(0, copy, 1):
+                                    for i, k in T.grid(BS, F):
+                                        with T.sblock("K_first"):
+                                            vt = T.axis.opaque(S - 1, t)
+                                            vi, vk = T.axis.remap("SS", [i, k])
+                                            T.reads(indices[start + vg + vt * G],
+                                                    K[indices[start + vg + vt * G] * BS + vi, vk])
+                                            T.writes(K_s[0:S, vi, vk])
+                                            K_s[vt, vi, vk] = T.if_then_else(
+                                                indices[start + vg + vt * G] * BS + vi < cols,
+                                                K[indices[start + vg + vt * G] * BS + vi, vk], zero)
+                # Iteration q gathers block q + S - 1 and multiplies block q. Nothing that needs a
+                # barrier sits under a condition (TVM inserts none there): only the gather does.
+                for q in range(mine):
                     with T.attr(0, commit, 0):
-                        if t < mine:
+                        if q + S - 1 < mine:
                             with T.attr(0, copy, 1):
                                 for i, k in T.grid(BS, F):
                                     with T.sblock("K_load"):
-                                        vt = T.axis.opaque(mine + S - 1, t)
+                                        vq = T.axis.opaque(mine, q)
                                         vi, vk = T.axis.remap("SS", [i, k])
-                                        T.reads(indices[start + vg + vt * G],
-                                                K[indices[start + vg + vt * G] * BS + vi, vk])
+                                        T.reads(indices[start + vg + (vq + S - 1) * G],
+                                                K[indices[start + vg + (vq + S - 1) * G] * BS + vi, vk])
                                         T.writes(K_s[0:S, vi, vk])  # any slot: covers the product's reads
-                                        K_s[vt % S, vi, vk] = T.if_then_else(
-                                            indices[start + vg + vt * G] * BS + vi < cols,
-                                            K[indices[start + vg + vt * G] * BS + vi, vk], zero)
-                    if t >= S - 1:
-                        use = T.int32((t + 1) % S)  # the slot of block t - S + 1 (a let: affine for blockize)
-                        p = T.int32(start + vg + (t - S + 1) * G)  # its position among the stored blocks
-                        for i, j in T.grid(BS, BS):
-                            with T.sblock("acc_init"):
-                                vi, vj = T.axis.remap("SS", [i, j])
-                                T.reads()
-                                T.writes(acc[vi, vj])
-                                acc[vi, vj] = T.float32(0)
-                        with T.attr(0, wait, 0):
-                            with T.attr(0, inflight, S - 1):
-                                with T.sblock("step"):  # fragments of slot `use` are allocated in here
-                                    T.reads(acc[0:BS, 0:BS], Q_s[0:BS, 0:FP], K_s[use, 0:BS, 0:FP])
-                                    T.writes(acc[0:BS, 0:BS])
-                                    for i, j, k in T.grid(BS, BS, FP):
-                                        with T.sblock("mma"):
-                                            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                                            T.reads(acc[vi, vj], Q_s[vi, vk], K_s[use, vj, vk])
-                                            T.writes(acc[vi, vj])
-                                            acc[vi, vj] = acc[vi, vj] + T.Cast("float32", Q_s[vi, vk]) * T.Cast(
-                                                "float32", K_s[use, vj, vk])
-                        for i, j in T.grid(BS, BS):
-                            with T.sblock("acc_out"):
-                                vi, vj = T.axis.remap("SS", [i, j])
-                                T.reads(acc[vi, vj])
-                                T.writes(C_s[vi, vj])
-                                C_s[vi, vj] = acc[vi, vj]
-                        for i, j in T.grid(BS, BS):
-                            with T.sblock("S_store"):
-                                vi, vj = T.axis.remap("SS", [i, j])
-                                T.reads(C_s[vi, vj], indices[p], A[(p * BS + vi) * BS + vj],
-                                        valid[(p * BS + vi) * BS + vj])
-                                T.writes(C[(p * BS + vi) * BS + vj])
-                                C[(p * BS + vi) * BS + vj] = epilogue(
-                                    C_s[vi, vj], A, valid, (p * BS + vi) * BS + vj,
-                                    tirx.all(vbi * BS + vi < rows, indices[p] * BS + vj < cols))
+                                        K_s[(vq + S - 1) % S, vi, vk] = T.if_then_else(
+                                            indices[start + vg + (vq + S - 1) * G] * BS + vi < cols,
+                                            K[indices[start + vg + (vq + S - 1) * G] * BS + vi, vk], zero)
+                    use = T.int32(q % S)  # the slot of block q (a let: affine for blockize)
+                    p = T.int32(start + vg + q * G)  # its position among the stored blocks
+                    for i, j in T.grid(BS, BS):
+                        with T.sblock("acc_init"):
+                            vi, vj = T.axis.remap("SS", [i, j])
+                            T.reads()
+                            T.writes(acc[vi, vj])
+                            acc[vi, vj] = T.float32(0)
+                    with T.attr(0, wait, 0):
+                        with T.attr(0, inflight, S - 1):
+                            with T.sblock("step"):  # fragments of slot `use` are allocated in here
+                                T.reads(acc[0:BS, 0:BS], Q_s[0:BS, 0:FP], K_s[use, 0:BS, 0:FP])
+                                T.writes(acc[0:BS, 0:BS])
+                                for i, j, k in T.grid(BS, BS, FP):
+                                    with T.sblock("mma"):
+                                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                                        T.reads(acc[vi, vj], Q_s[vi, vk], K_s[use, vj, vk])
+                                        T.writes(acc[vi, vj])
+                                        acc[vi, vj] = acc[vi, vj] + T.Cast("float32", Q_s[vi, vk]) * T.Cast(
+                                            "float32", K_s[use, vj, vk])
+                    for i, j in T.grid(BS, BS):
+                        with T.sblock("acc_out"):
+                            vi, vj = T.axis.remap("SS", [i, j])
+                            T.reads(acc[vi, vj])
+                            T.writes(C_s[vi, vj])
+                            C_s[vi, vj] = acc[vi, vj]
+                    for i, j in T.grid(BS, BS):
+                        with T.sblock("S_store"):
+                            vi, vj = T.axis.remap("SS", [i, j])
+                            T.reads(C_s[vi, vj], indices[p],
+                                    *epilogue_reads(A, valid, (p * BS + vi) * BS + vj, 1))
+                            T.writes(C[(p * BS + vi) * BS + vj])
+                            C[(p * BS + vi) * BS + vj] = epilogue(
+                                C_s[vi, vj], A, valid, (p * BS + vi) * BS + vj,
+                                tirx.all(vbi * BS + vi < rows, indices[p] * BS + vj < cols))
 
     return _keep_params(sddmm, shape.params)
 
@@ -575,10 +596,15 @@ def bsr_tensorcore_sddmm(sch: s_tir.Schedule, program, *, warp_m: int, warp_n: i
     acc_s = sch.get_sblock("acc_out")
     sch.set_scope(acc_s, 0, "shared")
     _warp_tiles(sch, acc_s, wm, fm, wn, fn)
-    _spread(sch, sch.get_sblock("S_store"), warps, 4)
+    # the epilogue's conditional loads keep TVM from vectorizing the store: consecutive threads
+    # take consecutive slots instead (coalesced 4-byte stores)
+    store = sch.get_sblock("S_store")
+    _, ty, tx = sch.split(sch.fuse(*sch.get_loops(store)[-2:]), [None, warps, WARP])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
 
     # copies: 16-byte vectors over all threads, rows 16 bytes apart (no bank conflicts)
-    for name in ("Q_load", "K_load"):
+    for name in ("Q_load", "K_first", "K_load") if stages > 1 else ("Q_load", "K_load"):
         blk = sch.get_sblock(name)
         _spread(sch, blk, warps, VEC)
         sch.storage_align(blk, 0, axis=-2, factor=32, offset=8)
@@ -586,7 +612,7 @@ def bsr_tensorcore_sddmm(sch: s_tir.Schedule, program, *, warp_m: int, warp_n: i
     if shape.feat % 16:
         for name in ("Q_tail", "K_tail"):
             blk = sch.get_sblock(name)
-            _, ty, tx = sch.split(sch.fuse(*sch.get_loops(blk)[2:]), [None, warps, WARP])
+            _, ty, tx = sch.split(sch.fuse(*sch.get_loops(blk)), [None, warps, WARP])
             sch.bind(ty, "threadIdx.y")
             sch.bind(tx, "threadIdx.x")
 
