@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from . import cpu, cuda, tensorcore, tensorcore_packed
+from . import cpu, cuda, tensorcore, tensorcore_packed, tensorcore_sddmm
 from .knobs import ANY, Transformation, group
 
 TARGET_KINDS = ("llvm", "cuda")
@@ -35,7 +35,7 @@ class Use:
 def templates(program, target_kind: str, knobs: Optional[dict] = None) -> List[Use]:
     """The transformations the default schedule applies to ``program`` on ``target_kind``
     ("llvm" or "cuda"); ``knobs`` as far as they decide the template (the Tensor Core
-    template's ``n_tile``)."""
+    template's ``n_tile``, a CUDA-core knob that keeps an SDDMM off Tensor Cores)."""
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
     packed = tensorcore_packed.match(program, target_kind)
@@ -43,5 +43,7 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None) -> List[U
         return [Use(tensorcore_packed.transformation_for(packed), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]
+    if tensorcore_sddmm.applies(program, target_kind, knobs):
+        return [Use(tensorcore_sddmm.bsr_tensorcore_sddmm, (ANY,), (program,))]
     steps = cpu.plan(program) if target_kind == "llvm" else cuda.plan(program)
     return [Use(t, shapes, nests) for t, shapes, nests in group(steps)]

@@ -22,7 +22,8 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore, tensorcore_packed
+from .schedules import (default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore,
+                        tensorcore_packed, tensorcore_sddmm)
 from .targets import parse_target
 
 UNROLL_MODES = ("explicit", "pragma")
@@ -92,6 +93,9 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     elif tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
         sch, used = tensorcore.schedule(program, **(knobs or {}))
         mod, config = sch.mod, tensorcore.PASS_CONFIG
+    elif tensorcore_sddmm.applies(program, spec.kind, knobs):  # block SDDMM fp16/bf16 on Tensor Cores
+        sch, used = tensorcore_sddmm.schedule(program, **(knobs or {}))
+        mod, config = sch.mod, tensorcore_sddmm.PASS_CONFIG
     else:
         sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
         template = default_cpu if spec.kind == "llvm" else default_cuda
