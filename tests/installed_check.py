@@ -50,8 +50,15 @@ instances = {
 }
 pruned, keep = nm.prune(m, n=2, m=4)
 instances["nm"] = pruned
+instances["mma_sp"] = formats.convert(pruned.to_scipy(), "mma_sp", dtype=np.float16)
+vector_wise = formats.nm_tc.prune(dense, n=2, m=4, vec=16)  # rows in vectors of 16 share their kept columns
+instances["nm_tc"] = formats.convert(sp.csr_matrix(vector_wise), "nm_tc:2:4:v16", dtype=np.float16)
 assert {i.format.name for i in instances.values()} == {name for name, _ in formats.registry.families()}
 for name, inst in instances.items():
+    if name in ("mma_sp", "nm_tc"):  # values stored in float16, as their Tensor Core kernels read them
+        kept = np.where(keep, dense, 0) if name == "mma_sp" else vector_wise
+        np.testing.assert_array_equal(inst.to_scipy().toarray(), kept.astype(np.float16), err_msg=name)
+        continue
     want = np.where(keep, dense, 0) if name == "nm" else (np.round(dense * 10) if name == "srbcrs" else dense)
     np.testing.assert_array_equal(inst.to_scipy().toarray(), want, err_msg=name)
 

@@ -103,7 +103,7 @@ def test_instances(instances):
 def test_cuda_source(kernels, sources, name, op, arch):
     k, src = kernels[(name, op, arch)], sources[(name, op, arch)]
     assert k.target.kind == "cuda" and k.target.name == f"cuda:{arch}"
-    assert "__global__" in src and "threadIdx.x" in src and "blockIdx.x" in src
+    assert "__global__" in src and "threadIdx.x" in src and "blockIdx." in src
     # atomics only where rows repeat (hyb's split row) and only for SpMM's accumulation
     assert ("atomicAdd" in src) == (name == "hyb" and op == "spmm"), f"{name} {op}: atomicAdd"
 
@@ -127,7 +127,15 @@ def test_int4_unpack_and_int32_accumulation(sources, op):
     assert not re.search(r"\b(float|half|double)\b", src)  # no floating-point arithmetic anywhere
     i8 = sources[("srbcrs-v8-int8", op, "sm_90a")]
     assert ">> 28" not in i8  # int8 values are read whole
-    assert "signed char* __restrict__ A_ptr" in i8
+    if op == "spmm":  # int8 SR-BCRS SpMM runs on the integer Tensor Core kernel (schedules.srbcrs_tensorcore)
+        assert _int8_tensor_core(i8)
+    else:
+        assert "signed char* __restrict__ A_ptr" in i8
+
+
+def _int8_tensor_core(src: str) -> bool:
+    """The source is the int8 SR-BCRS Tensor Core kernel: s8 x s8 -> s32 ``mma``."""
+    return "mma.sync.aligned" in src and ".s32.s8.s8.s32" in src
 
 
 def test_integer_kernels_accumulate_in_int32(kernels, sources):
@@ -135,6 +143,9 @@ def test_integer_kernels_accumulate_in_int32(kernels, sources):
         k = kernels[(name, "spmm", "sm_90a")]
         assert k.dtypes.out == "int32" and k.dtypes.dense == "int8"
         src = sources[(name, "spmm", "sm_90a")]
+        if name == "srbcrs-v8-int8":  # Tensor Cores: the mma itself accumulates in s32
+            assert _int8_tensor_core(src) and "int* __restrict__ C" in src
+            continue
         assert "int* __restrict__ C_ptr" in src and "signed char* __restrict__ B_ptr" in src
         # the per-thread accumulators are int, not a narrower type
         assert "int C_local" in src or "int C_" in src
@@ -149,8 +160,14 @@ def test_float16_kernels_compute_in_half(sources):
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith(("nm", "srbcrs"))])
 def test_padding_slots_are_guarded(sources, name, op):
     """Formats with padding slots (index -1: N:M's unused window slots, SR-BCRS's stride
-    padding) must not read the dense operand at that index: the source tests it first."""
-    assert "0 <= indices_ptr[" in sources[(name, op, "sm_90a")]
+    padding) must not read the dense operand at that index: the source tests it first. The
+    int8 Tensor Core SpMM reads row 0 there instead (its values are 0), which
+    tests/test_tc_formats.py replays against the generic kernel."""
+    src = sources[(name, op, "sm_90a")]
+    if name == "srbcrs-v8-int8" and op == "spmm":
+        assert _int8_tensor_core(src)
+        return
+    assert "0 <= indices_ptr[" in src
 
 
 # ---------------------------------------------------------------- nvcc side
