@@ -71,7 +71,7 @@ assert p.shape == w.shape and 0 < np.count_nonzero(p) <= w.size // 10
 B = rng.standard_normal((m.shape[1], 8)).astype(np.float32)
 for name, inst in instances.items():
     k = sparsec.compile("spmm", inst, feat=8, target="llvm")
-    Bk = np.round(B * 4).astype(np.int8) if k.dtypes.dense == "int8" else B
+    Bk = np.round(B * 4).astype(np.int8) if k.dtypes.dense == "int8" else B.astype(k.dtypes.dense)
     ref = inst.to_scipy().astype(np.float64) @ Bk.astype(np.float64)
     err = max_rel_err(k(inst, Bk), ref)
     assert err <= TOLERANCE[k.dtype], (name, err)
