@@ -31,28 +31,13 @@ import numpy as np
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
 from sparsec.bench.report import geomean  # noqa: E402
+from tests.dense_ops import spmm_row_bias_relu  # noqa: E402  (the user operator the CI tests check too)
 
 RESULTS = Path(__file__).parent / "results"
 PACKED = {"sp24_values", "gather_values", "indptr"}
 FLOAT_SPECS = ("mma_sp", "nm:2:4", "nm_tc:1:8:v16", "nm_tc:2:8:v128")
 INT_SPECS = ("srbcrs:v2,int8", "srbcrs:v8,int8")
 SHAPES = ((37, 70, 16), (1000, 515, 64), (130, 200, 32), (300, 768, 128))
-
-
-def bias_relu_rows():
-    from sparsec import dsl
-
-    op = dsl.Operator("spmm_rows_bias_relu", "C = relu(A @ B + bias[i])")
-    i = op.dense_fixed("i")
-    j = op.sparse_variable("j", parent=i)
-    k = op.dense_fixed("k", extent="feat")
-    A, B = op.sparse_input("A", (i, j)), op.dense_input("B", (j, k))
-    bias, C = op.dense_input("bias", (i,)), op.dense_output("C", (i, k))
-    with op.iterate([i, j, k], "SRS") as (ii, jj, kk):
-        C[ii, kk] += A[ii, jj] * B[jj, kk]
-    with op.iterate([i, k], "SS") as (ii, kk):
-        C[ii, kk] = dsl.maximum(C[ii, kk] + bias[ii], 0.0)
-    return op
 
 
 def spmm_half_out():
@@ -116,7 +101,7 @@ def check_correctness(rng, rows_out):
     from sparsec.reference import evaluate
 
     ok_all = True
-    user = bias_relu_rows()
+    user = spmm_row_bias_relu()
     linear = linear_ops()
     for spec in FLOAT_SPECS + INT_SPECS:
         for rows, cols, feat in SHAPES:

@@ -44,6 +44,7 @@ from typing import Dict, Optional, Tuple
 from tvm import s_tir
 from tvm.script import tirx as T
 
+from . import mma_intrin
 from .knobs import ANY, check_applicable, transformation
 from .tensorcore_epilogue import Epilogue, epilogue_of
 
@@ -420,89 +421,13 @@ def _register_bf16(cu) -> Dict[str, str]:
     layout = cu.shared_16x16_to_ldmatrix_32x8_layout
     names = {"ld_a": "sparsec_ldmatrix_bf16_a_dyn", "ld_b": "sparsec_ldmatrix_bf16_b_dyn",
              "mma": "sparsec_mma_bf16bf16f32"}
-    for key, trans in (("ld_a", False), ("ld_b", True)):
+    for key, trans in (("ld_a", False), ("ld_b", True)):  # A as is; B's k rows are contiguous: .trans
         if TensorIntrin.get(names[key], allow_missing=True) is None:
-            TensorIntrin.register(names[key], *_ldmatrix_intrin("bfloat16", trans, layout))
+            TensorIntrin.register(names[key], *mma_intrin.ldmatrix(
+                "bfloat16", 16, 16, layout, trans=trans, num=4, lane_address=lambda s0, tx: s0 * (tx % 16) + 8 * (tx // 16)))
     if TensorIntrin.get(names["mma"], allow_missing=True) is None:
-        TensorIntrin.register(names["mma"], *_mma_intrin("bfloat16", "bf16", layout))
+        TensorIntrin.register(names["mma"], *mma_intrin.mma("bfloat16", "bf16", 16, layout, layout, layout))
     return names
-
-
-def _ldmatrix_intrin(dtype: str, trans: bool, layout):
-    """A 16x16 tile of 16-bit values from shared.dyn into the mma fragment layout (A: as is;
-    B: ``.trans``, as its k rows are contiguous in shared memory)."""
-
-    @T.prim_func(s_tir=True)
-    def desc(warp_h: T.handle, shared_h: T.handle) -> None:
-        shared = T.match_buffer(shared_h, (16, 16), dtype, align=64, offset_factor=16, scope="shared.dyn")
-        warp = T.match_buffer(warp_h, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:16, 0:16])
-            T.writes(warp[0:WARP, 0:8])
-            for ax0, ax1 in T.grid(16, 16):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    T.reads(shared[v0, v1])
-                    thread_id, local_id = T.meta_var(layout(v0, v1))
-                    T.writes(warp[thread_id, local_id])
-                    warp[thread_id, local_id] = shared[v0, v1]
-
-    @T.prim_func(s_tir=True)
-    def impl(warp_h: T.handle, shared_h: T.handle) -> None:
-        s0 = T.int32()
-        s1 = T.int32()
-        shared = T.match_buffer(shared_h, (16, 16), dtype, align=64, offset_factor=16, scope="shared.dyn",
-                                strides=[s0, s1])
-        warp = T.match_buffer(warp_h, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:16, 0:16])
-            T.writes(warp[0:WARP, 0:8])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.ldmatrix(trans, 4, ".b16", warp.data, warp.elem_offset + 8 * tx,
-                                                 shared.access_ptr("r"), s0 * (tx % 16) + 8 * (tx // 16),
-                                                 dtype=dtype))
-
-    return desc, impl
-
-
-def _mma_intrin(dtype: str, abbrv: str, layout):
-    """One 16x16x16 tile product as two mma.sync.m16n8k16 (row.col), fp32 accumulators."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        C = T.match_buffer(c, (WARP, 8), "float32", align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0:8], A[0:WARP, 0:8], B[0:WARP, 0:8])
-            T.writes(C[0:WARP, 0:8])
-            for i, j, k in T.grid(16, 16, 16):
-                with T.sblock("C"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    tc, lc = T.meta_var(layout(vi, vj))
-                    ta, la = T.meta_var(layout(vi, vk))
-                    tb, lb = T.meta_var(layout(vk, vj))
-                    T.reads(C[tc, lc], A[ta, la], B[tb, lb])
-                    T.writes(C[tc, lc])
-                    C[tc, lc] += T.Cast("float32", A[ta, la]) * T.Cast("float32", B[tb, lb])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        C = T.match_buffer(c, (WARP, 8), "float32", align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0:8], A[0:WARP, 0:8], B[0:WARP, 0:8])
-            T.writes(C[0:WARP, 0:8])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8,
-                                            C.data, C.elem_offset + tx * 8, False, dtype="float32"))
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + 4,
-                                            C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
-
-    return desc, impl
 
 
 # --------------------------------------------------------------------------- the schedule

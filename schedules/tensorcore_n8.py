@@ -16,7 +16,9 @@ from typing import Dict
 
 from tvm.script import tirx as T
 
-WARP = 32
+from . import mma_intrin
+from .mma_intrin import WARP
+
 _NAMES: Dict[str, Dict[str, str]] = {}
 
 
@@ -42,86 +44,16 @@ def intrinsics(dtype: str) -> Dict[str, str]:
     abbrv = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
     names = {"ld_b": f"sparsec_ldmatrix_{abbrv}_b16x8_dyn", "mma": f"sparsec_mma_16x8x16_{abbrv}_f32",
              "fill": "sparsec_mma_fill_16x8_f32", "store": "sparsec_mma_store_16x8_f32_shared"}
-    makers = {"ld_b": lambda: _ldmatrix_b(dtype), "mma": lambda: _mma(dtype, abbrv, a_layout),
+    # B's k rows are contiguous in shared memory: ldmatrix.x2.trans, lanes 0..15 giving rows 0..15
+    makers = {"ld_b": lambda: mma_intrin.ldmatrix(dtype, 16, 8, b_layout, trans=True, num=2,
+                                                  lane_address=lambda s0, tx: s0 * (tx % 16)),
+              "mma": lambda: mma_intrin.mma(dtype, abbrv, 8, a_layout, b_layout, c_layout),
               "fill": _fill, "store": _store}
     for key, name in names.items():
         if TensorIntrin.get(name, allow_missing=True) is None:
             TensorIntrin.register(name, *makers[key]())
     _NAMES[dtype] = names
     return names
-
-
-def _ldmatrix_b(dtype: str):
-    """A 16 x 8 tile of B (k rows contiguous in shared memory) into the B fragment:
-    ``ldmatrix.x2.trans``, lanes 0..15 giving the addresses of rows 0..15."""
-
-    @T.prim_func(s_tir=True)
-    def desc(warp_h: T.handle, shared_h: T.handle) -> None:
-        shared = T.match_buffer(shared_h, (16, 8), dtype, align=64, offset_factor=8, scope="shared.dyn")
-        warp = T.match_buffer(warp_h, (WARP, 4), dtype, align=64, offset_factor=4, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:16, 0:8])
-            T.writes(warp[0:WARP, 0:4])
-            for ax0, ax1 in T.grid(16, 8):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    T.reads(shared[v0, v1])
-                    lane, reg = T.meta_var(b_layout(v0, v1))
-                    T.writes(warp[lane, reg])
-                    warp[lane, reg] = shared[v0, v1]
-
-    @T.prim_func(s_tir=True)
-    def impl(warp_h: T.handle, shared_h: T.handle) -> None:
-        s0 = T.int32()
-        s1 = T.int32()
-        shared = T.match_buffer(shared_h, (16, 8), dtype, align=64, offset_factor=8, scope="shared.dyn",
-                                strides=[s0, s1])
-        warp = T.match_buffer(warp_h, (WARP, 4), dtype, align=64, offset_factor=4, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:16, 0:8])
-            T.writes(warp[0:WARP, 0:4])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.ldmatrix(True, 2, ".b16", warp.data, warp.elem_offset + 4 * tx,
-                                                 shared.access_ptr("r"), s0 * (tx % 16), dtype=dtype))
-
-    return desc, impl
-
-
-def _mma(dtype: str, abbrv: str, a_layout):
-    """C (16 x 8, fp32) += A (16 x 16, TVM's fragment layout) @ B (16 x 8): one m16n8k16."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (WARP, 4), dtype, align=64, offset_factor=4, scope="warp")
-        C = T.match_buffer(c, (WARP, 4), "float32", align=64, offset_factor=4, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0:4], A[0:WARP, 0:8], B[0:WARP, 0:4])
-            T.writes(C[0:WARP, 0:4])
-            for i, j, k in T.grid(16, 8, 16):
-                with T.sblock("C"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    tc, lc = T.meta_var(c_layout(vi, vj))
-                    ta, la = T.meta_var(a_layout(vi, vk))
-                    tb, lb = T.meta_var(b_layout(vk, vj))
-                    T.reads(C[tc, lc], A[ta, la], B[tb, lb])
-                    T.writes(C[tc, lc])
-                    C[tc, lc] += T.Cast("float32", A[ta, la]) * T.Cast("float32", B[tb, lb])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (WARP, 4), dtype, align=64, offset_factor=4, scope="warp")
-        C = T.match_buffer(c, (WARP, 4), "float32", align=64, offset_factor=4, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0:4], A[0:WARP, 0:8], B[0:WARP, 0:4])
-            T.writes(C[0:WARP, 0:4])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 4,
-                                            C.data, C.elem_offset + tx * 4, False, dtype="float32"))
-
-    return desc, impl
 
 
 def _fill():

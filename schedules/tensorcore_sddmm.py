@@ -41,7 +41,7 @@ from typing import Dict, Optional, Tuple
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from . import tensorcore
+from . import mma_intrin, tensorcore
 from .knobs import ANY, Knob, check_applicable, transformation
 
 DTYPES = tensorcore.DTYPES
@@ -90,8 +90,6 @@ def match(program) -> Optional[SddmmShape]:
     On structure alone: no outer axes, one BSR-like part (dense row axis, variable sparse
     axis of blocks, two dense in-block axes of equal extent 16/32/64), one or two sparse
     iterations as in the module docstring, default dtypes, feat a multiple of 8."""
-    from sparsec.dsl import Access
-
     op = program.bound.op
     if program.dtype.sparse not in DTYPES or program.bound.composite or op.outer_axes():
         return None
@@ -418,92 +416,17 @@ def intrinsics(dtype: str) -> Dict[str, str]:
 
         layout = cu.shared_16x16_to_ldmatrix_32x8_layout
         names.update(ld_b="sparsec_ldmatrix_bf16_b_trans_dyn", mma="sparsec_mma_bf16bf16f32_trans_b")
+        # as TVM's float16 "B transposed" ldmatrix: no .trans, the four 8 x 8 matrices addressed
+        # n 0-7 (k 0-7, then 8-15), then n 8-15, so that each m16n8k16 gets its n half in two registers
         if TensorIntrin.get(names["ld_b"], allow_missing=True) is None:
-            TensorIntrin.register(names["ld_b"], *_ldmatrix_b_trans_intrin(dtype, layout))
-        if TensorIntrin.get(names["mma"], allow_missing=True) is None:
-            TensorIntrin.register(names["mma"], *_mma_trans_b_intrin(dtype, "bf16", layout))
+            TensorIntrin.register(names["ld_b"], *mma_intrin.ldmatrix(
+                dtype, 16, 16, layout, trans=False, num=4,
+                lane_address=lambda s0, tx: s0 * 8 * (tx // 16) + s0 * (tx % 8) + 8 * ((tx % 16) // 8)))
+        if TensorIntrin.get(names["mma"], allow_missing=True) is None:  # C += A B^T: B placed at (j, k)
+            TensorIntrin.register(names["mma"], *mma_intrin.mma(dtype, "bf16", 16, layout,
+                                                                lambda k, j: layout(j, k), layout))
     _INTRINS[dtype] = names
     return names
-
-
-def _ldmatrix_b_trans_intrin(dtype: str, layout):
-    """A 16 x 16 tile of B stored n-major (n rows of 16 k) into mma's B fragments, as TVM's
-    float16 "B transposed" ldmatrix: no ``.trans``, the four 8 x 8 matrices addressed n 0-7
-    (k 0-7, 8-15), then n 8-15, so that each m16n8k16 gets its n half in two registers."""
-
-    @T.prim_func(s_tir=True)
-    def desc(warp_h: T.handle, shared_h: T.handle) -> None:
-        shared = T.match_buffer(shared_h, (16, 16), dtype, align=64, offset_factor=16, scope="shared.dyn")
-        warp = T.match_buffer(warp_h, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:16, 0:16])
-            T.writes(warp[0:WARP, 0:8])
-            for ax0, ax1 in T.grid(16, 16):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    T.reads(shared[v0, v1])
-                    thread_id, local_id = T.meta_var(layout(v0, v1))
-                    T.writes(warp[thread_id, local_id])
-                    warp[thread_id, local_id] = shared[v0, v1]
-
-    @T.prim_func(s_tir=True)
-    def impl(warp_h: T.handle, shared_h: T.handle) -> None:
-        s0 = T.int32()
-        s1 = T.int32()
-        shared = T.match_buffer(shared_h, (16, 16), dtype, align=64, offset_factor=16, scope="shared.dyn",
-                                strides=[s0, s1])
-        warp = T.match_buffer(warp_h, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:16, 0:16])
-            T.writes(warp[0:WARP, 0:8])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.ldmatrix(False, 4, ".b16", warp.data, warp.elem_offset + 8 * tx,
-                                                 shared.access_ptr("r"),
-                                                 s0 * 8 * (tx // 16) + s0 * (tx % 8) + 8 * ((tx % 16) // 8),
-                                                 dtype=dtype))
-
-    return desc, impl
-
-
-def _mma_trans_b_intrin(dtype: str, abbrv: str, layout):
-    """One 16x16x16 tile of C += A B^T (B's fragment from ``_ldmatrix_b_trans_intrin``) as two
-    mma.sync.m16n8k16 (row.col), fp32 accumulators."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        C = T.match_buffer(c, (WARP, 8), "float32", align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0:8], A[0:WARP, 0:8], B[0:WARP, 0:8])
-            T.writes(C[0:WARP, 0:8])
-            for i, j, k in T.grid(16, 16, 16):
-                with T.sblock("C"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    tc, lc = T.meta_var(layout(vi, vj))
-                    ta, la = T.meta_var(layout(vi, vk))
-                    tb, lb = T.meta_var(layout(vj, vk))
-                    T.reads(C[tc, lc], A[ta, la], B[tb, lb])
-                    T.writes(C[tc, lc])
-                    C[tc, lc] += T.Cast("float32", A[ta, la]) * T.Cast("float32", B[tb, lb])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (WARP, 8), dtype, align=64, offset_factor=16, scope="warp")
-        C = T.match_buffer(c, (WARP, 8), "float32", align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0:8], A[0:WARP, 0:8], B[0:WARP, 0:8])
-            T.writes(C[0:WARP, 0:8])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8,
-                                            C.data, C.elem_offset + tx * 8, False, dtype="float32"))
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + 4,
-                                            C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
-
-    return desc, impl
 
 
 # --------------------------------------------------------------------------- the schedule

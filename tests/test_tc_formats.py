@@ -19,24 +19,11 @@ from sparsec.schedules import srbcrs_tensorcore as stc
 from sparsec.schedules import tensorcore_packed, templates
 from sparsec.tc_operands import packed_operands
 
+from dense_ops import spmm_row_bias_relu
+
 SP24 = "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32"
 GATHER = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 S8 = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
-
-
-def _bias_relu_rows():
-    """A user's SpMM with a bias per output row and a ReLU: two iterations."""
-    op = dsl.Operator("spmm_rows_bias_relu", "C = relu(A @ B + bias[i])")
-    i = op.dense_fixed("i")
-    j = op.sparse_variable("j", parent=i)
-    k = op.dense_fixed("k", extent="feat")
-    A, B = op.sparse_input("A", (i, j)), op.dense_input("B", (j, k))
-    bias, C = op.dense_input("bias", (i,)), op.dense_output("C", (i, k))
-    with op.iterate([i, j, k], "SRS") as (ii, jj, kk):
-        C[ii, kk] += A[ii, jj] * B[jj, kk]
-    with op.iterate([i, k], "SS") as (ii, kk):
-        C[ii, kk] = dsl.maximum(C[ii, kk] + bias[ii], 0.0)
-    return op
 
 
 def _two_four(rows, cols, seed):
@@ -141,7 +128,7 @@ def test_dispatch_is_by_structure_and_capability():
         return [u.transformation.name for u in templates(program, kind)]
 
     assert uses(ops.get("spmm"), "nm:2:4", "float16") == ["tc_pipeline_spmm"]
-    assert uses(_bias_relu_rows(), "mma_sp", "float16") == ["tc_pipeline_spmm"]
+    assert uses(spmm_row_bias_relu(), "mma_sp", "float16") == ["tc_pipeline_spmm"]
     assert uses(ops.get("spmm"), "srbcrs:v8,int8", "int8") == ["srbcrs_int8_spmm"]
     assert "tc_pipeline_spmm" not in uses(ops.get("spmm"), "nm:2:4", "float32")  # no fp16 operand: CUDA cores
     assert "tc_pipeline_spmm" not in uses(ops.get("spmm"), "nm:1:4", "float16")
@@ -177,7 +164,7 @@ def test_build_emits_tensor_core_code_that_nvcc_compiles(argv, want):
 
 
 def test_user_operator_with_bias_and_relu_runs_mma_sp_with_the_epilogue():
-    k = build.compile(_bias_relu_rows(), "nm:2:4", target="cuda:sm_90a", dtype="float16", feat=64)
+    k = build.compile(spmm_row_bias_relu(), "nm:2:4", target="cuda:sm_90a", dtype="float16", feat=64)
     assert [p.name for p in k.params] == ["sp24_values", "sp24_meta", "B", "bias", "C"]
     ptx = nvcc_ptx(k.source(), "sm_90a")
     assert SP24 in ptx and "max.f32" in ptx
