@@ -38,7 +38,7 @@ __all__ = ["spmm", "build", "check", "make_plan", "Plan", "block_shape", "smem_b
 
 def spmm(mode: str, M, K, N: int, *, dtype: str = "float16", out_dtype: str = "float32",
          vec: int = 0, kc: int = 0, bias: bool = False, activation: str = "none", transpose_c: bool = False,
-         bias_dtype: str = "float32", bias_axis: str = "row", name: str = "tc_spmm", **knobs):
+         bias_dtype: str = "float32", bias_axis: str = "row", name: str = "tc_spmm", fast_for=None, **knobs):
     """The PrimFunc ``tc_spmm(A, E, B, C)`` (``tc_spmm(A, E, B, bias, C)`` with ``bias``): A
     the packed values, E the metadata (sp24) or the gathered columns (gather: ``kc`` is their
     row length), B (K, N), C (M, N), or (N, M) with ``transpose_c``.
@@ -53,14 +53,31 @@ def spmm(mode: str, M, K, N: int, *, dtype: str = "float16", out_dtype: str = "f
     included) are read from the operands when it is called (what ``sparsec.compile`` builds
     for a format spec). ``bias_dtype`` may be the value dtype (a DSL operator's bias);
     ``bias_axis="col"`` takes one bias per column of C instead (``bias[k]``, N entries, along
-    the dense axis); ``name`` is the kernel's symbol."""
-    p = make_plan(mode, M, K, N, dtype=dtype, out_dtype=out_dtype, vec=vec, kc=kc, bias=bias,
-                  activation=activation, transpose_c=transpose_c, knobs=knobs,
-                  bias_dtype=bias_dtype, bias_axis=bias_axis)  # checks every argument
+    the dense axis); ``name`` is the kernel's symbol.
+
+    ``fast_for = (M, K, kc)`` with ``M = K = None``: the any-size kernel also carries the
+    kernel built for that one size (every bound a constant, the checks of full tiles gone),
+    and runs it when the operands have that size, e.g. the matrix a kernel is compiled for
+    (on an H100 the any-size kernel took 1.3-1.5x the time of the sized one at 4096 columns:
+    ``benchmarks/time_tc_parity.py``)."""
+    def plan(M, K, kc):
+        return make_plan(mode, M, K, N, dtype=dtype, out_dtype=out_dtype, vec=vec, kc=kc, bias=bias,
+                         activation=activation, transpose_c=transpose_c, knobs=knobs,
+                         bias_dtype=bias_dtype, bias_axis=bias_axis)  # checks every argument
+
+    p = plan(M, K, kc)
+    fast = None
+    if fast_for is not None and M is None:
+        pf = plan(*fast_for)
+        fast = (pf, _block_of(pf))
+    return _prim_func(p, _block_of(p), fast).with_attr("global_symbol", name)
+
+
+def _block_of(p: Plan):
     copies = copy_macros(p)  # global -> shared stages (cp.async)
     mma = mma_macros(p, copies)  # fill the pipeline, walk K: ldmatrix + mma(.sp)
     out = epilogue_macros(p)  # bias, activation, stores to C
-    return _prim_func(p, _block(p, mma, out)).with_attr("global_symbol", name)
+    return _block(p, mma, out)
 
 
 def _block(p: Plan, mma, out):
@@ -102,10 +119,45 @@ def _block(p: Plan, mma, out):
     return body
 
 
-def _prim_func(p: Plan, body):
-    """The kernel's PrimFunc around ``body``: its operands, with a bias one only when asked."""
+def _sized(p: Plan, body, fast):
+    """``body``, or with ``fast = (sized plan, its body)``: the sized body when the operands
+    have its sizes (viewed through buffers of constant shape), ``body`` otherwise."""
     from tvm.script import tirx as T
 
+    if fast is None:
+        return body
+    pf, fast_body = fast
+    same = T.And(T.And(p.a_rows == pf.a_rows, p.a_cols == pf.a_cols),
+                 T.And(p.K == pf.K, p.M == pf.M))
+    for have, want in zip(p.e_shape, pf.e_shape):
+        same = T.And(same, have == want)
+
+    # the choice is a host loop run once or not at all: TVM plans the kernels' barriers
+    # itself and refuses to plan them under a condition
+    @T.macro
+    def dispatch(A, E, B, Bias, C):
+        for _ in range(T.Cast("int32", same)):
+            Af = T.decl_buffer((pf.a_rows, pf.a_cols), p.dtype, data=A.data)
+            Ef = T.decl_buffer(pf.e_shape, p.e_dtype, data=E.data)
+            Bf = T.decl_buffer((pf.K, pf.N), p.dtype, data=B.data)
+            Cf = T.decl_buffer(pf.c_shape, p.out_dtype, data=C.data)
+            if p.bias:
+                Biasf = T.decl_buffer((pf.M if p.bias_axis == "row" else pf.N,), p.bias_dtype, data=Bias.data)
+                fast_body(Af, Ef, Bf, Biasf, Cf)
+            else:
+                fast_body(Af, Ef, Bf, None, Cf)
+        for _ in range(1 - T.Cast("int32", same)):
+            body(A, E, B, Bias, C)
+
+    return dispatch
+
+
+def _prim_func(p: Plan, body, fast=None):
+    """The kernel's PrimFunc around ``body``: its operands, with a bias one only when asked
+    (and the sized body of ``fast`` beside it, :func:`_sized`)."""
+    from tvm.script import tirx as T
+
+    body = _sized(p, body, fast)
     if p.bias:
         @T.prim_func(s_tir=True)
         def tc_spmm(a_h: T.handle, e_h: T.handle, b_h: T.handle, bias_h: T.handle, c_h: T.handle):

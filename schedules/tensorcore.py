@@ -185,6 +185,33 @@ def feat_of(program) -> int:
 
 
 N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the default first
+LAUNCH_DEFAULT_SMEM = 48 * 1024  # what a launch may use without the opt-in attribute
+MAX_SMEM = 227 * 1024  # per thread block, sm_90 (sm_80: 163 KiB: the tuner's pruning is for Hopper)
+
+
+def padded_row(n: int, factor: int, offset: int) -> int:
+    """The row stride ``storage_align(factor, offset)`` gives a row of n values."""
+    return n + (offset - n) % factor
+
+
+def launch_smem_problem(dynamic: int, static: int) -> bool:
+    """True when ``dynamic`` + ``static`` bytes of shared memory cannot be launched. TVM opts a
+    kernel into more than the 48 KiB launch default only when its dynamic shared memory
+    alone reaches 48 KiB, so below that the two together must stay under it."""
+    total = dynamic + static
+    return not (total <= LAUNCH_DEFAULT_SMEM or (dynamic >= LAUNCH_DEFAULT_SMEM and total <= MAX_SMEM))
+
+
+def smem_problem(bs: int, n_tile: int, stages: int) -> Optional[str]:
+    """Why the stages of A_s, B_s (dynamic) and the fp32 output tile (static) do not fit a
+    launch, or None."""
+    dynamic = max(stages, 1) * bs * (padded_row(bs, 32, 8) + padded_row(n_tile, 32, 8)) * 2
+    static = bs * n_tile * 4  # as ncu reports it for the template (the alignment adds no padding here)
+    if not launch_smem_problem(dynamic, static):
+        return None
+    return (f"bsr_tensorcore: {stages} stage(s) of {bs} x {bs} blocks and {bs} x {n_tile} tiles of B need "
+            f"{dynamic + static} bytes of shared memory, over what a launch gets; use fewer stages or a narrower "
+            "n_tile")
 
 
 def default_knobs(bs: int, feat: int) -> dict:
@@ -196,13 +223,19 @@ def default_knobs(bs: int, feat: int) -> dict:
         n_tile = 8 if feat <= 8 else 16 if feat <= 16 else 32
         warp_n = min(n_tile, 16)
         warp_m = 16 if bs <= 32 else 32
-        return {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": 4}
-    n_tile = 128 if feat % 128 == 0 else 64
-    if bs == 16:
-        return {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}
-    if bs == 32:  # 3 stages would put static + dynamic shared memory over the 48 KiB launch default
-        return {"n_tile": n_tile, "warp_m": 32, "warp_n": 32 if n_tile == 128 else 16, "stages": 2}
-    return {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
+        chosen = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": 4}
+    elif bs == 16:
+        n_tile = 128 if feat % 128 == 0 else 64
+        chosen = {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}
+    elif bs == 32:
+        n_tile = 128 if feat % 128 == 0 else 64
+        chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32 if n_tile == 128 else 16, "stages": 2}
+    else:
+        n_tile = 128 if feat % 128 == 0 else 64
+        chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
+    while chosen["stages"] > 1 and smem_problem(bs, n_tile, chosen["stages"]):
+        chosen["stages"] -= 1  # e.g. 64 x 64 blocks with 64 columns: 2 stages do not fit a launch
+    return chosen
 
 
 def vector_width(feat: int, widest: int) -> int:
@@ -443,6 +476,9 @@ def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stage
     if warps > MAX_WARPS:
         raise ValueError(f"bsr_tensorcore: (bs/warp_m)*(n_tile/warp_n) should be at most {MAX_WARPS} warps, "
                          f"got {warps}")
+    problem = smem_problem(bs, n_tile, stages)
+    if problem:
+        raise ValueError(problem)
     return warps
 
 
@@ -465,7 +501,7 @@ def _prune(program, knobs):
 
 
 @transformation(knobs={"n_tile": N_TILES, "warp_m": (32, 16, 64), "warp_n": (32, 16, 64, 8),
-                       "stages": (2, 1, 3, 4)}, resolve=_resolve, prune=_prune)
+                       "stages": (2, 1, 3, 4, 6, 8)}, resolve=_resolve, prune=_prune)
 def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int):
     """Schedule ``staged_spmm`` onto Tensor Cores (see the module docstring).
 

@@ -56,12 +56,17 @@ class PackedSpmm:
     bias_axis: str = "row"  # bias[i] ("row") or bias[k] ("col")
     bias_dtype: str = ""  # the bias operand's dtype
     kc: Optional[int] = None  # gather: the matrix's gathered row length, when compiled for one
+    # (rows, cols, kc) of the matrix compiled for: the pipelined kernel carries a body sized for it
+    sized_for: Optional[Tuple[int, int, int]] = None
 
 
-def match(program, target_kind: str, kc: Optional[int] = None) -> Optional[PackedSpmm]:
+def match(program, target_kind: str, kc: Optional[int] = None,
+          shape: Optional[Tuple[int, int]] = None) -> Optional[PackedSpmm]:
     """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None.
     ``kc``: the gathered row length of the matrix a kernel is compiled for (it picks the
-    pipeline's depth, :func:`default_pipeline_knobs`); the kernel still runs on any."""
+    pipeline's depth, :func:`default_pipeline_knobs`); ``shape``: that matrix's (rows, cols),
+    for which the pipelined kernel carries a sized body (``tc_pipeline.spmm``'s
+    ``fast_for``). The kernel still runs on any matrix of the format."""
     from sparsec.formats.registry import tensor_core_layout
 
     if target_kind != "cuda" or program.bound.composite or len(program.bound.parts) != 1:
@@ -84,8 +89,11 @@ def match(program, target_kind: str, kc: Optional[int] = None) -> Optional[Packe
     if layout == "gather" and feat % 16:
         return None  # ldmatrix.x4.trans takes two 8-column tiles of B at once
     vec = int(fmt.param("vec", 1))
+    sized = None
+    if shape is not None and layout != "srbcrs_int8" and (layout == "sp24" or kc):
+        sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
-                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None)
+                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized)
 
 
 def _spmm_structure(program):
@@ -195,18 +203,27 @@ def same_expr(a, b) -> bool:
 # --------------------------------------------------------------------------- the knobs
 
 
-def _pipeline_resolve(program, knobs, kc: Optional[int] = None) -> dict:
+def _pipeline_resolve(program, knobs, kc: Optional[int] = None, shape: Optional[Tuple[int, int]] = None) -> dict:
     """The knobs the pipelined kernel runs with: ``default_pipeline_knobs`` for the layout,
-    row vector, feature count (and gathered row length, where known), overridden by those
-    given."""
+    row vector, feature count (and gathered row length and matrix shape, where known),
+    overridden by those given."""
     m = match(program, "cuda")
-    return {**default_pipeline_knobs(m.layout, m.vec, m.feat, kc), **knobs}
+    return {**default_pipeline_knobs(m.layout, m.vec, m.feat, kc, shape), **knobs}
 
 
 KC_STAGE = 32  # the gathered row length counted in whole stages of two 16-deep k-steps
 
 
-def default_pipeline_knobs(layout: str, vec: int, feat: Optional[int] = None, kc: Optional[int] = None) -> dict:
+# 2:4 products this large in M, K and N took 128 x 128 blocks, two k-steps a stage, 4 stages and
+# one fragment set, walked 16 row tiles a group: 0.254 ms against 0.267 ms for the 128 x 64 blocks
+# at 4096 x 4096 x 4096 (H200, nm_tc_H200.json; from 1024 columns on)
+WIDE_SP24 = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=8, k_steps=2, stages=4, group_m=16,
+                 frag_sets=1)
+WIDE_SP24_FROM = (4096, 4096, 1024)  # rows, cols, columns of B
+
+
+def default_pipeline_knobs(layout: str, vec: int, feat: Optional[int] = None, kc: Optional[int] = None,
+                           shape: Optional[Tuple[int, int]] = None) -> dict:
     """The tiles for ``feat`` columns of B (a linear layer's token count), measured on an H200
     (benchmarks/results/ffn_tc_H200.json): below 512 columns narrow column tiles and deep
     stages (64 x 16 blocks); from 512 on 128 x 64 blocks walked in groups of 8 row tiles.
@@ -214,7 +231,10 @@ def default_pipeline_knobs(layout: str, vec: int, feat: Optional[int] = None, kc
     gather mode where the gathered row ``kc`` (when the kernel is compiled for a matrix,
     counted in 32-deep stages) is a multiple of 64 above 128; 2 otherwise. In gather mode
     the block's rows must divide the row vector, so narrower vectors take fewer warp tiles
-    down."""
+    down. A 2:4 matrix compiled for, of at least ``WIDE_SP24_FROM``, takes ``WIDE_SP24``."""
+    if layout == "sp24" and shape is not None and feat is not None and all(
+            have >= least for have, least in zip((shape[0], shape[1], feat), WIDE_SP24_FROM)):
+        return dict(WIDE_SP24)
     padded = None if kc is None else -(-int(kc) // KC_STAGE) * KC_STAGE
     long_k = layout == "sp24" or (padded is not None and padded % 64 == 0 and padded > 128)
     if feat is not None and feat < 512:
@@ -254,7 +274,8 @@ _SMALL = {"warp_m_tiles": (4, 1), "warp_n_tiles": (4, 2), "warps_m": (2, 4), "wa
                 prune=_pipeline_prune)
 def tc_pipeline_spmm(built, program, **knobs):
     """Build ``schedules.tc_pipeline``'s kernel (sp24 or gather) for ``program`` into
-    ``built.mod``: the program's feature count and epilogue, any matrix size."""
+    ``built.mod``: the program's feature count and epilogue, any matrix size (and a body
+    sized for the matrix compiled for, ``built.sized_for``, when there is one)."""
     from tvm import IRModule
 
     from . import tc_pipeline
@@ -263,7 +284,7 @@ def tc_pipeline_spmm(built, program, **knobs):
     func = tc_pipeline.spmm(m.layout, None, None, m.feat, dtype=m.dtype, out_dtype=m.out_dtype,
                             vec=m.vec if m.layout == "gather" else 0, bias=m.bias is not None,
                             bias_dtype=m.bias_dtype or "float32", bias_axis=m.bias_axis, activation=m.activation,
-                            transpose_c=m.transpose_c, name=program.name, **knobs)
+                            transpose_c=m.transpose_c, name=program.name, fast_for=built.sized_for, **knobs)
     built.mod = IRModule({program.name: func})
 
 
@@ -299,9 +320,10 @@ def transformation_for(m: PackedSpmm):
 
 class Built:
     """What a packed-kernel transformation fills in: the IRModule to compile (``mod``, as a
-    ``tvm.s_tir.Schedule`` has)."""
+    ``tvm.s_tir.Schedule`` has); ``sized_for`` is what it may specialise for."""
 
     mod = None
+    sized_for = None
 
 
 def schedule(program, m: PackedSpmm, **knobs):
@@ -309,9 +331,10 @@ def schedule(program, m: PackedSpmm, **knobs):
     ValueError naming it."""
     t = transformation_for(m)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
-    if t is tc_pipeline_spmm:  # the matrix's gathered row length, when known, picks the depth
-        knobs = _pipeline_resolve(program, knobs, m.kc)
+    if t is tc_pipeline_spmm:  # the matrix's gathered row length and shape, when known, pick the tiles
+        knobs = _pipeline_resolve(program, knobs, m.kc, m.sized_for[:2] if m.sized_for else None)
     built = Built()
+    built.sized_for = m.sized_for
     used = t(built, program, **t.resolve(program, knobs))
     return built, used
 

@@ -50,8 +50,8 @@ WARP = tensorcore.WARP
 MAX_WARPS = tensorcore.MAX_WARPS
 VEC = 8  # 16-bit values per 16-byte copy
 PASS_CONFIG = tensorcore.PASS_CONFIG
-LAUNCH_DEFAULT_SMEM = 48 * 1024  # what a launch may use without the opt-in attribute
-MAX_SMEM = 227 * 1024  # per thread block, sm_90 (sm_80: 163 KiB: the tuner's pruning is for Hopper)
+LAUNCH_DEFAULT_SMEM = tensorcore.LAUNCH_DEFAULT_SMEM
+MAX_SMEM = tensorcore.MAX_SMEM
 _INTRINS: Dict[str, Dict[str, str]] = {}
 
 
@@ -196,19 +196,14 @@ def resolve_knobs(shape: SddmmShape, knobs) -> dict:
     return {**default_knobs(shape.bs, shape.feat), **knobs}
 
 
-def _padded(n: int, factor: int, offset: int) -> int:
-    """The row stride ``storage_align(factor, offset)`` gives a row of n values."""
-    return n + (offset - n) % factor
-
-
 def smem_problem(bs: int, feat: int, stages: int) -> Optional[str]:
     """Why Q_s, K_s (dynamic) and the fp32 score tile (static) do not fit a thread block, or
     None. TVM opts a kernel into more than the 48 KiB launch default only when its dynamic
     shared memory alone reaches 48 KiB, so below that the two together must stay under it."""
     fp = -(-feat // 16) * 16
-    dyn = (1 + stages) * bs * _padded(fp, 32, 8) * 2
-    static = bs * _padded(bs, 32, 4) * 4
-    if dyn + static <= LAUNCH_DEFAULT_SMEM or (dyn >= LAUNCH_DEFAULT_SMEM and dyn + static <= MAX_SMEM):
+    dyn = (1 + stages) * bs * tensorcore.padded_row(fp, 32, 8) * 2
+    static = bs * tensorcore.padded_row(bs, 32, 4) * 4
+    if not tensorcore.launch_smem_problem(dyn, static):
         return None
     return (f"bsr_tensorcore_sddmm: {stages} stage(s) of {bs} x {fp} operands need {dyn + static} bytes of shared "
             f"memory, over what a launch gets; use fewer stages")

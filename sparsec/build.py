@@ -86,7 +86,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     func, program = lower_program(operator, fmt, params, dtype, dump_ir=dump_ir, atomics=spec.kind == "cuda",
                                   segment_splits=splits)
     config, params = {}, _param_specs(program)
-    packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance))
+    packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance),
+                                     shape=None if instance is None else instance.shape)
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
         mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]

@@ -1,0 +1,152 @@
+"""BSR fp16 SpMM at few feature columns (16, 64) against dense cuBLAS fp16, on the blocks
+suite (MiniLM layers when cached, random 4096 x 4096 and 1024 x 4096; blocks 16/32/64 at
+70/90/95 %) and the BERT-base-sized 768 x 3072 weight: the Tensor Core template with its
+default knobs, and a knob sweep on the 768 x 3072 case. Every result is checked against
+float64 on a NaN-poisoned output first. Timed with sparsec.bench's timer (CUDA-graph
+replays), sparsec and ``torch.matmul`` side by side.
+
+    python3 benchmarks/time_bsr_small_feat.py [--sweep] [--feats 16 64] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
+
+from _helpers import make_timed  # noqa: E402
+
+
+# (n_tile, warp_m, warp_n, stages) of the sweep: narrow tiles (more thread blocks) and deep pipelines
+SWEEP = ((16, 16, 16, 4), (16, 16, 16, 8), (16, 32, 16, 4), (16, 32, 16, 8), (32, 16, 16, 4), (32, 16, 16, 8),
+         (16, 16, 8, 6), (32, 32, 16, 6))
+
+
+def suite_cases(quick: bool):
+    """[(name, pruned float16 dense, block)] of the blocks suite plus the BERT FFN-out shape."""
+    from sparsec.bench.suites import blocks
+
+    out = [(name, w.astype(np.float16), b) for name, w, b, s in blocks()]
+    rng = np.random.default_rng(7)
+    bert = (0.02 * rng.standard_normal((768, 3072))).astype(np.float32)
+    from sparsec.bench.suites import prune_blocks
+
+    for b in (16, 32, 64):
+        for s in (0.7, 0.9, 0.95):
+            out.append((f"bert-ffn-out-b{b}-s{int(s * 100)}", prune_blocks(bert, b, s).astype(np.float16), b))
+    if quick:
+        out = [c for c in out if "s90" in c[0]]
+    return out
+
+
+def check_and_time(kernel, A, dense, feat, timed, torch, check=True):
+    rng = np.random.default_rng(feat)
+    B = torch.from_numpy(rng.standard_normal((dense.shape[1], feat)).astype(np.float16)).cuda()
+    out = kernel(A, B, poison=True)
+    ok, err = True, None
+    if check:
+        ref = dense.astype(np.float64) @ B.cpu().numpy().astype(np.float64)
+        got = out.float().cpu().numpy()
+        err = float(np.abs(got - ref).max() / (np.abs(ref).max() + 1e-30))
+        ok = bool(np.isfinite(got).all()) and err < 2e-3
+    args, _, _ = kernel.prepare(A, B, out=out)
+    f = kernel.executable[kernel.op_name]
+    ms = timed(lambda _: f(*args), [None])
+    return ok, err, ms, B
+
+
+def main():
+    import torch
+
+    import sparsec
+    from sparsec import formats
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--feats", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--sweep", action="store_true",
+                    help="a knob sweep over every case, per block size and width")
+    ap.add_argument("--quick", action="store_true", help="90 %% sparsity only")
+    ap.add_argument("--knobs", type=json.loads, default=None, help="knobs for every case (JSON), else defaults")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    timed = make_timed("cuda")
+    kernels = {}
+    rows = []
+    for name, dense, b in suite_cases(args.quick):
+        A = formats.convert(dense, f"bsr:{b}x{b}")
+        At = torch.from_numpy(dense).cuda()
+        for feat in args.feats:
+            key = (b, feat)
+            if key not in kernels:
+                kernels[key] = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=args.knobs)
+            k = kernels[key]
+            try:
+                ok, err, ms, B = check_and_time(k, A, dense, feat, timed, torch)
+            except Exception as e:  # noqa: BLE001  (a launch failure is a result: recorded, not fatal)
+                rows.append({"case": name, "block": b, "feat": feat, "knobs": k.knobs, "ok": False,
+                             "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                print(f"ERR {name} feat={feat} {k.knobs} {type(e).__name__}", flush=True)
+                continue
+            dense_ms = timed(lambda _: torch.matmul(At, B), [None])
+            rows.append({"case": name, "shape": list(dense.shape), "block": b, "feat": feat, "knobs": k.knobs,
+                         "ok": ok, "err": err, "sparsec_ms": ms, "dense_ms": dense_ms, "speedup": dense_ms / ms})
+            print(f"{'ok ' if ok else 'BAD'} {name:<34} feat={feat:<3} {ms:.4f} ms dense {dense_ms:.4f} ms "
+                  f"x{dense_ms / ms:.2f} {k.knobs}", flush=True)
+    sweep = []
+    if args.sweep:  # each knob set compiled once per block size and width, run on every case of that block size
+        by_block = {}
+        for name, dense, b in suite_cases(False):
+            by_block.setdefault(b, []).append((name, dense, formats.convert(dense, f"bsr:{b}x{b}")))
+        for b, feat in itertools.product(sorted(by_block), args.feats):
+            for n_tile, warp_m, warp_n, stages in SWEEP:
+                knobs = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": stages}
+                try:
+                    k = sparsec.compile("spmm", by_block[b][0][2], target="cuda", feat=feat, knobs=knobs)
+                except ValueError as e:
+                    print("skip", b, feat, knobs, str(e)[:80])
+                    continue
+                for n, (name, dense, A) in enumerate(by_block[b]):
+                    ok, err, ms, _ = check_and_time(k, A, dense, feat, timed, torch, check=n == 0)
+                    sweep.append({"case": name, "block": b, "feat": feat, "knobs": knobs, "ok": ok, "ms": ms})
+                print(f"sweep b={b} feat={feat} {knobs} done", flush=True)
+        best = {}
+        for r in sweep:
+            key = (r["case"], r["feat"])
+            if r["ok"] and (key not in best or r["ms"] < best[key]["ms"]):
+                best[key] = r
+        for r in rows:
+            if (r["case"], r["feat"]) in best and "dense_ms" in r:
+                r["swept_best_ms"] = best[(r["case"], r["feat"])]["ms"]
+                r["swept_best_knobs"] = best[(r["case"], r["feat"])]["knobs"]
+                r["swept_speedup"] = r["dense_ms"] / r["swept_best_ms"]
+    summary = {}
+    for feat in args.feats:
+        sp = [r["speedup"] for r in rows if r["feat"] == feat and "speedup" in r]
+        if sp:
+            summary[feat] = {"min": min(sp), "geomean": float(np.exp(np.mean(np.log(sp)))), "cases": len(sp),
+                             "slower_than_dense": sum(s < 1 for s in sp)}
+        swept = [max(r["swept_speedup"], r["speedup"]) for r in rows if r["feat"] == feat and "swept_speedup" in r]
+        if swept:
+            summary[feat].update(swept_min=min(swept), swept_geomean=float(np.exp(np.mean(np.log(swept)))),
+                                 swept_slower=sum(s < 1 for s in swept))
+    result = {"device": torch.cuda.get_device_name(), "rows": rows, "sweep": sweep, "summary": summary,
+              "all_ok": all(r["ok"] for r in rows) and all(r["ok"] for r in sweep)}
+    for path in filter(None, (args.out, os.environ.get("OUT") and os.path.join(os.environ["OUT"],
+                                                                                "bsr_small_feat.json"))):
+        Path(path).write_text(json.dumps(result, indent=1))
+    print(f"{'feat':>5} {'cases':>6} {'min x':>7} {'geomean x':>10} {'slower':>7}   with the sweep's best knobs")
+    for feat, s in summary.items():
+        print(f"{feat:>5} {s['cases']:>6} {s['min']:>7.2f} {s['geomean']:>10.2f} {s['slower_than_dense']:>7}   "
+              f"{s.get('swept_min', float('nan')):.2f} / {s.get('swept_geomean', float('nan')):.2f} / "
+              f"{s.get('swept_slower', '-')}")
+    return 0 if result["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
