@@ -21,7 +21,7 @@ from sparsec.schedules import templates
 from sparsec.schedules import tensorcore as tc
 from sparsec.targets import parse_target
 
-from multihead_ops import heads_blockmm, heads_row_bias, heads_row_norm, heads_scaled_relu
+from multihead_ops import edge_weighted_spmm, heads_blockmm, heads_row_bias, heads_row_norm, heads_scaled_relu
 from nvcc_tools import nvcc_ptx
 from test_tensorcore_epilogue import _kernels, bsr_matrix
 
@@ -41,7 +41,8 @@ def _uses(op, spec, dtype="float16", kind="cuda"):
 @pytest.mark.parametrize("op,spec,dtype", [
     (MULTIHEAD, "bsr:16x16", "float16"), (MULTIHEAD, "bsr:32x32", "float16"), (MULTIHEAD, "bsr:32x32", "bfloat16"),
     (heads_blockmm(), "bsr:16x16", "float16"), (heads_scaled_relu(), "bsr:32x32", "float16"),
-    (heads_row_bias(), "bsr:16x16", "bfloat16")], ids=lambda x: getattr(x, "name", x))
+    (heads_row_bias(), "bsr:16x16", "bfloat16"), (edge_weighted_spmm(), "bsr:16x16", "float16")],
+    ids=lambda x: getattr(x, "name", x))
 def test_dispatch_picks_the_tensor_core_template(op, spec, dtype):
     assert _uses(op, spec, dtype) == ["bsr_tensorcore"]
 
@@ -72,6 +73,7 @@ CASES = [  # (operator, heads, feat, n_tile, stages, block)
     (MULTIHEAD, 1, 24, 16, 3, 32),      # one head; a guarded last N tile
     (heads_scaled_relu(), 3, 24, 32, 2, 16),
     (heads_row_bias(), 2, 8, 8, 1, 32),
+    (edge_weighted_spmm(), None, 16, 16, 2, 16),  # no head axis: edge data (nnz,) as the values
 ]
 
 
@@ -79,15 +81,16 @@ def _inputs(kernel, A, heads, seed=0):
     """Per-entry edge data (nnz, heads) for the sparse input, dense inputs of their shapes."""
     rng = np.random.default_rng(seed)
     dims = {"rows": A.shape[0], "cols": A.shape[1]}
-    return [rng.standard_normal((A.nnz, heads) if p.sparse else tuple(dims.get(d, d) for d in p.shape)).astype(p.dtype)
+    entries = (A.nnz,) if heads is None else (A.nnz, heads)
+    return [rng.standard_normal(entries if p.sparse else tuple(dims.get(d, d) for d in p.shape)).astype(p.dtype)
             for p in kernel.inputs]
 
 
 @pytest.mark.parametrize("op,heads,feat,n_tile,stages,bs", CASES,
                          ids=[f"{c[0].name}-h{c[1]}-f{c[2]}-n{c[3]}-s{c[4]}-b{c[5]}" for c in CASES])
 def test_staged_semantics_match_float64(op, heads, feat, n_tile, stages, bs):
-    A = bsr_matrix(bs, seed=heads + feat)
-    params = {"heads": heads, "feat": feat}
+    A = bsr_matrix(bs, seed=(heads or 0) + feat)
+    params = {k: v for k, v in {"heads": heads, "feat": feat}.items() if k in op.params()}
     _, prog = lower_program(op, A.format, params, "float16", atomics=True)
     ex = tvm.compile(tc.staged_for(prog, n_tile, stages), target="llvm")
     k = Kernel(op.name, A.format.spec, parse_target("llvm"), "float16", _param_specs(prog), {}, ex)
@@ -95,9 +98,9 @@ def test_staged_semantics_match_float64(op, heads, feat, n_tile, stages, bs):
     ins[0] = A.edge_values(ins[0]) if heads == 1 else ins[0]  # edge data either way
     out = np.asarray(k(A, *ins, poison=True))
     want = evaluate(op, A, *ins, params=params)
-    assert out.shape == (A.shape[0], heads, feat) and not np.isnan(out).any()
-    assert max_rel_err(out, want) <= 1e-5
-    if op is MULTIHEAD:
+    assert out.shape == ((A.shape[0], feat) if heads is None else (A.shape[0], heads, feat))
+    assert not np.isnan(out).any() and max_rel_err(out, want) <= 1e-5
+    if op is MULTIHEAD or heads is None:
         assert np.all(out[bs:2 * bs] == 0)  # an empty block row: zeros over the poison
 
 
