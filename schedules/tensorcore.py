@@ -207,14 +207,26 @@ def block_size(program):
 
 
 def feat_of(program) -> int:
-    """The extent of the SpMM's feature loop, its last dense one (0 when it has none)."""
-    return int(next((b.loop.extent for b in reversed(program.nests[0].blocks[-1]) if b.loop.role == "dense"), 0))
+    """The extent of the SpMM's feature loop, over its output's last axis (0 when it has none)."""
+    return _dense_extent(program, _output_axes(program)[-1].name)
 
 
 def heads_of(program) -> Optional[int]:
-    """The extent of a multi-head SpMM's head loop (``tensorcore_heads``); None without one."""
-    dense = [b.loop for b in program.nests[0].blocks[-1] if b.loop.role == "dense"]
-    return int(dense[0].extent) if len(dense) == 2 else None
+    """The extent of a multi-head SpMM's head loop, over the output's middle axis
+    (``tensorcore_heads``); None without one."""
+    axes = _output_axes(program)
+    return _dense_extent(program, axes[1].name) if len(axes) == 3 else None
+
+
+def _output_axes(program):
+    """The DSL axes of the first statement's target (``C[i, k]``: (i, k))."""
+    return next(it.statement for it in program.bound.op.iterations if it.statement is not None).target.axes
+
+
+def _dense_extent(program, axis: str) -> int:
+    """The extent of the first nest's dense loop over ``axis`` (0 when there is none)."""
+    return int(next((b.loop.extent for b in program.nests[0].blocks[-1]
+                     if b.loop.role == "dense" and b.loop.name == axis), 0))
 
 
 N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the default first

@@ -25,8 +25,20 @@ def _heads(name: str, doc: str, pattern: bool = True):
 
 
 def heads_blockmm() -> dsl.Operator:
-    """``Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]``: multihead_spmm under other names."""
-    return _heads("heads_blockmm", "Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]")[0]
+    """``Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]``: multihead_spmm under other names, its
+    loops over the features before the heads."""
+    op = dsl.Operator("heads_blockmm", "Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]")
+    R = op.dense_fixed("r")
+    S = op.sparse_variable("s", parent=R)
+    G = op.dense_fixed("g", extent="heads")
+    F = op.dense_fixed("c", extent="feat")
+    op.sparse_input("M", (R, S))
+    W = op.sparse_input("W", (R, S, G))
+    X = op.dense_input("X", (S, G, F))
+    Y = op.dense_output("Y", (R, G, F))
+    with op.iterate([R, S, F, G], "SRSS") as (r, s, c, g):
+        Y[r, g, c] += W[r, s, g] * X[s, g, c]
+    return op
 
 
 def heads_scaled_relu() -> dsl.Operator:

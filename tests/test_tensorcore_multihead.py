@@ -62,6 +62,9 @@ def test_head_axis_and_features_are_told_apart():
     prog = _program(heads_scaled_relu(), "bsr:32x32", heads=3, feat=24)
     assert (tc.heads_of(prog), tc.feat_of(prog), tc.block_size(prog)) == (3, 24, 32)
     assert tc.heads_of(_program(sparsec.ops.get("spmm"), "bsr:16x16")) is None
+    swapped = _program(heads_blockmm(), "bsr:16x16", heads=2, feat=40)  # its loops: features, then heads
+    assert [b.loop.name for b in swapped.nests[0].blocks[-1]][-2:] == ["c", "g"]
+    assert (tc.heads_of(swapped), tc.feat_of(swapped)) == (2, 40)
     sig = tc.Signature.of(prog, tc._spmm_parts(prog))
     assert [(n, r) for n, r, *_ in sig.buffers] == [
         ("indptr", "indptr"), ("indices", "indices"), ("valid", "unused"), ("M", "unused"), ("W", "A"),
@@ -73,6 +76,7 @@ CASES = [  # (operator, heads, feat, n_tile, stages, block)
     (MULTIHEAD, 1, 24, 16, 3, 32),      # one head; a guarded last N tile
     (heads_scaled_relu(), 3, 24, 32, 2, 16),
     (heads_row_bias(), 2, 8, 8, 1, 32),
+    (heads_blockmm(), 2, 40, 32, 2, 16),  # its loops: features, then heads
     (edge_weighted_spmm(), None, 16, 16, 2, 16),  # no head axis: edge data (nnz,) as the values
 ]
 
