@@ -47,6 +47,7 @@ from tvm.script import tirx as T
 from . import mma_intrin
 from .knobs import ANY, check_applicable, transformation
 from .tensorcore_epilogue import Epilogue, epilogue_of
+from .tensorcore_heads import Operands, head_axis
 
 DTYPES = ("float16", "bfloat16")
 WARP = 32
@@ -93,16 +94,19 @@ def staged_for(program, n_tile: int, stages: int = 1, async_copy: bool = False):
     by_name = {b.name: b for b in program.buffers}
     return staged_spmm(block_size(program), feat_of(program), n_tile, program.dtype.sparse, stages, async_copy,
                        name=program.name, out_dtype=by_name[parts[2]].dtype, epilogue=epi,
-                       signature=Signature.of(program, parts))
+                       signature=Signature.of(program, parts), heads=heads_of(program))
 
 
 def is_block_spmm(program) -> bool:
     """Capability check, on the program's structure alone: the first statement is a sum over
     the sparse axis of (sparse value x dense operand) into a dense output,
-    ``C[i, k] += A[i, j] * B[j, k]``, over one format part, A and B in the precision's
-    dtype; what follows it, if anything, is an element-wise epilogue on C
+    ``C[i, k] += A[i, j] * B[j, k]``, or per head ``C[i, h, k] += P[i, j, h] * B[j, h, k]``
+    (``tensorcore_heads``), over one format part, the sparse and dense operands in the
+    precision's dtype; what follows it, if anything, is an element-wise epilogue on C
     (``tensorcore_epilogue.epilogue_of``: bias, scale, activation, cast) whose other operands
-    are dense inputs, which become further arguments of the staged function."""
+    are dense inputs, which become further arguments of the staged function. The values may
+    be edge data on the matrix's pattern (the matrix's own values then unread): their
+    padding slots hold 0 as the matrix's do, so the format's slot mask goes unread too."""
     parts = _spmm_parts(program)
     return parts is not None and epilogue_of(program, parts[2]) is not None
 
@@ -127,20 +131,40 @@ def _spmm_parts(program):
     out = st.target
     row, col = op.structure()
     k = out.axes[-1]
-    if (not sparse.buffer.matrix or dense.buffer.sparse or out.buffer.sparse or k.structural
-            or out.axes != (row, k) or sparse.axes != (row, col) or dense.axes != (col, k)):
+    if dense.buffer.sparse or out.buffer.sparse or k.structural:
+        return None
+    single = out.axes == (row, k) and sparse.axes == (row, col) and dense.axes == (col, k)
+    if not single and head_axis(op, sparse, dense, out) is None:
         return None
     by_name = {b.name: b for b in program.buffers}
     names = (sparse.buffer.name, dense.buffer.name, out.buffer.name)
     if any(n not in by_name for n in names) or not by_name[names[2]].dtype.startswith(("float", "bfloat")):
         return None
+    if by_name[names[0]].role != "input":
+        return None
     if by_name[names[0]].dtype != program.dtype.sparse or by_name[names[1]].dtype != program.dtype.sparse:
         return None  # the staged kernel's tiles take the precision's own dtype
-    if len([b for b in program.buffers if b.role == "index"]) != 2 or sorted(program.scalars) != sorted(SCALARS):
+    if sorted(program.scalars) != sorted(SCALARS):
         return None
-    if [b for b in program.buffers if b.sparse and b.name != names[0]]:
-        return None  # per-entry data beside the matrix
+    index = [b.name for b in program.buffers if b.role == "index"]
+    if len(index) != 2 and index[2:] != [program.bound.parts[0].slot_mask]:
+        return None
+    read = _read_buffers(program)
+    if [b for b in program.buffers if b.sparse and b.name != names[0] and b.name in read]:
+        return None  # per-entry data beside the values
     return names
+
+
+def _read_buffers(program) -> set:
+    """Names of the buffers the program's nests read (values, targets' indices, guards)."""
+    from sparsec.expr import Load, walk
+
+    out = set()
+    for nest in program.nests:
+        for e in (nest.value, nest.target, getattr(nest, "write_guard", None)):
+            if e is not None:
+                out.update(n.buffer for n in walk(e) if isinstance(n, Load))
+    return out
 
 
 SCALARS = ("n_io", "rows", "cols")
@@ -158,6 +182,9 @@ class Signature:
     def of(program, parts) -> "Signature":
         index = [b.name for b in program.buffers if b.role == "index"]  # the row pointer, then the block columns
         roles = {index[0]: "indptr", index[1]: "indices", parts[0]: "A", parts[1]: "B", parts[2]: "C"}
+        # the slot mask, and the matrix when edge data holds the values: arguments the template does not read
+        roles.update({b.name: "unused" for b in program.buffers
+                      if b.name not in roles and (b.role == "index" or b.sparse)})
         return Signature(tuple((b.name, roles.get(b.name, "extra"), b.dtype, tuple(b.shape)) for b in program.buffers),
                          tuple(program.scalars))
 
@@ -180,8 +207,26 @@ def block_size(program):
 
 
 def feat_of(program) -> int:
-    """The extent of the SpMM's dense (feature) loop (0 when it has none)."""
-    return int(next((b.loop.extent for b in program.nests[0].blocks[-1] if b.loop.role == "dense"), 0))
+    """The extent of the SpMM's feature loop, over its output's last axis (0 when it has none)."""
+    return _dense_extent(program, _output_axes(program)[-1].name)
+
+
+def heads_of(program) -> Optional[int]:
+    """The extent of a multi-head SpMM's head loop, over the output's middle axis
+    (``tensorcore_heads``); None without one."""
+    axes = _output_axes(program)
+    return _dense_extent(program, axes[1].name) if len(axes) == 3 else None
+
+
+def _output_axes(program):
+    """The DSL axes of the first statement's target (``C[i, k]``: (i, k))."""
+    return next(it.statement for it in program.bound.op.iterations if it.statement is not None).target.axes
+
+
+def _dense_extent(program, axis: str) -> int:
+    """The extent of the first nest's dense loop over ``axis`` (0 when there is none)."""
+    return int(next((b.loop.extent for b in program.nests[0].blocks[-1]
+                     if b.loop.role == "dense" and b.loop.name == axis), 0))
 
 
 N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the default first
@@ -252,7 +297,7 @@ def vector_width(feat: int, widest: int) -> int:
 
 def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, async_copy: bool = False,
                 name: str = "spmm", out_dtype: str = "float32", epilogue: Optional[Epilogue] = None,
-                signature: Optional["Signature"] = None):
+                signature: Optional["Signature"] = None, heads: Optional[int] = None):
     """The staged BSR SpMM PrimFunc (arguments as the generic kernel's: indptr, indices, A, B,
     C, n_io, rows, cols, or ``signature``'s order with its extra operands). Staging buffers
     are global; the schedule moves them on chip.
@@ -267,12 +312,20 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
     ``async_copy`` (CUDA) the gathers are marked for ``cp.async``: each iteration commits
     one copy group (empty past the row's end) and the product waits until at most
     stages - 1 groups are in flight. B rows of fewer than 4 bytes' alignment (odd ``feat``)
-    are copied synchronously (cp.async moves 4, 8 or 16 bytes)."""
+    are copied synchronously (cp.async moves 4, 8 or 16 bytes).
+
+    ``heads`` (an int): a multi-head SpMM (``tensorcore_heads``): A is (stored slots, heads),
+    B (cols, heads, feat), C (rows, heads, feat), one thread block per (block row, head, N
+    tile); with more than one head a head's A values are ``heads`` apart, so their gather is
+    synchronous."""
     BS, F, NT, DT, S, OUT = bs, feat, n_tile, dtype, stages, out_dtype
     NJ = -(-F // NT)
     TAIL = F % NT != 0
     zero = T.Cast(DT, 0)
     b_async = async_copy and vector_width(F, 8) >= 2
+    O = Operands(heads, NJ)
+    a_async = async_copy and O.contiguous_values
+    NY = O.grid_y
 
     @T.prim_func(s_tir=True)
     def spmm(indptr_h: T.handle, indices_h: T.handle, A_h: T.handle, B_h: T.handle, C_h: T.handle,
@@ -281,14 +334,15 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
         nnz = T.int32()
         indptr = T.match_buffer(indptr_h, (n_io + 1,), "int32")
         indices = T.match_buffer(indices_h, (nnz,), "int32")
-        A = T.match_buffer(A_h, (nnz * BS * BS,), DT)
-        B = T.match_buffer(B_h, (cols, F), DT)
-        C = T.match_buffer(C_h, (rows, F), OUT)
-        for bi, bj in T.grid(T.max(n_io, 1), NJ):
+        A = T.match_buffer(A_h, O.a_shape(nnz * BS * BS), DT)
+        B = T.match_buffer(B_h, O.dense_shape(cols, F), DT)
+        C = T.match_buffer(C_h, O.dense_shape(rows, F), OUT)
+        for bi, by in T.grid(T.max(n_io, 1), NY):
             with T.sblock("tile"):
-                vbi, vbj = T.axis.remap("SS", [bi, bj])
-                T.reads(indptr[0:n_io + 1], indices[0:nnz], A[0:nnz * BS * BS], B[0:cols, 0:F])
-                T.writes(C[0:rows, vbj * NT:T.min(vbj * NT + NT, F)])
+                vbi, vby = T.axis.remap("SS", [bi, by])
+                vbj = T.meta_var(O.tile(vby))  # the N tile (the grid index itself with one head)
+                T.reads(indptr[0:n_io + 1], indices[0:nnz], O.whole(A), O.whole(B))
+                T.writes(O.c_tile(C, rows, vby, vbj * NT, T.min(vbj * NT + NT, F)))
                 A_s = T.sblock_alloc_buffer((S, BS, BS), DT)
                 B_s = T.sblock_alloc_buffer((S, BS, NT), DT)
                 acc = T.sblock_alloc_buffer((BS, NT), "float32")
@@ -305,29 +359,30 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
                 for p in range(row_len + S - 1):
                     with T.attr(0, "async_commit_queue_scope" if async_copy else "sparsec_copy", 0):
                         if p < row_len:
-                            with T.attr(0, "async_scope" if async_copy else "sparsec_copy", 1):
+                            with T.attr(0, "async_scope" if a_async else "sparsec_copy", 1):
                                 for i, k in T.grid(BS, BS):
                                     with T.sblock("A_load"):
                                         vp = T.axis.opaque(row_len + S - 1, p)
                                         vi, vk = T.axis.remap("SS", [i, k])
-                                        T.reads(A[((start + vp) * BS + vi) * BS + vk])
+                                        T.reads(A[O.a_at(((start + vp) * BS + vi) * BS + vk, vby)])
                                         T.writes(A_s[0:S, vi, vk])  # any slot: covers the product's reads
-                                        A_s[vp % S, vi, vk] = A[((start + vp) * BS + vi) * BS + vk]
+                                        A_s[vp % S, vi, vk] = A[O.a_at(((start + vp) * BS + vi) * BS + vk, vby)]
                             with T.attr(0, "async_scope" if b_async else "sparsec_copy", 1):
                                 for k, j in T.grid(BS, NT):
                                     with T.sblock("B_load"):
                                         vp = T.axis.opaque(row_len + S - 1, p)
                                         vk, vj = T.axis.remap("SS", [k, j])
-                                        T.reads(indices[start + vp], B[indices[start + vp] * BS + vk, vbj * NT + vj])
+                                        b_at = T.meta_var(O.dense_at(indices[start + vp] * BS + vk, vby, vbj * NT + vj))
+                                        T.reads(indices[start + vp], B[b_at])
                                         T.writes(B_s[0:S, vk, vj])
                                         if TAIL:  # columns past F read 0
                                             B_s[vp % S, vk, vj] = T.if_then_else(
                                                 indices[start + vp] * BS + vk < cols and vbj * NT + vj < F,
-                                                B[indices[start + vp] * BS + vk, vbj * NT + vj], zero)
+                                                B[b_at], zero)
                                         else:
                                             B_s[vp % S, vk, vj] = T.if_then_else(
                                                 indices[start + vp] * BS + vk < cols,
-                                                B[indices[start + vp] * BS + vk, vbj * NT + vj], zero)
+                                                B[b_at], zero)
                     if p >= S - 1:
                         use = T.int32((p + 1) % S)  # the slot of block p - S + 1 (a let: affine for blockize)
                         with T.attr(0, "async_wait_queue_scope" if async_copy else "sparsec_wait", 0):
@@ -356,8 +411,8 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
                         else:
                             T.where(vbi * BS + i < rows)
                         T.reads(C_s[vi, vj])
-                        T.writes(C[vbi * BS + vi, vbj * NT + vj])
-                        C[vbi * BS + vi, vbj * NT + vj] = T.Cast(OUT, C_s[vi, vj])
+                        T.writes(C[O.dense_at(vbi * BS + vi, vby, vbj * NT + vj)])
+                        C[O.dense_at(vbi * BS + vi, vby, vbj * NT + vj)] = T.Cast(OUT, C_s[vi, vj])
 
     if epilogue is None and signature is None:
         return spmm
@@ -366,8 +421,8 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
 
 def with_operands(func, signature: Optional[Signature], epilogue: Optional[Epilogue]):
     """``func`` (``staged_spmm``'s own arguments) taking ``signature``'s arguments in its
-    order, the extra operands as buffers of their declared shapes, and storing each output
-    element through ``epilogue``."""
+    order, the extra operands as buffers of their declared shapes (unused ones of any
+    shape), and storing each output element through ``epilogue``."""
     import tvm
     from tvm import tirx
 
@@ -379,6 +434,9 @@ def with_operands(func, signature: Optional[Signature], epilogue: Optional[Epilo
     sig = signature or Signature(tuple((r, r, "", ()) for r in ("indptr", "indices", "A", "B", "C")))
     params, extras = [], {}
     for name, role, dtype, shape in sig.buffers:
+        if role == "unused":  # taken, never read: any extent (the call binds its own size vars)
+            params.append(tirx.decl_buffer([tirx.Var(f"{name}_n{d}", "int32") for d in range(len(shape))], dtype, name))
+            continue
         if role != "extra":
             params.append(by_role[role])
             continue
@@ -395,7 +453,7 @@ def with_operands(func, signature: Optional[Signature], epilogue: Optional[Epilo
         store = block.body
         value = store.value
         if epilogue is not None:
-            value = epilogue.apply(value, store.indices[0], store.indices[1], extras)
+            value = epilogue.apply(value, store.indices, extras)
             if str(value.ty) != str(store.buffer.dtype):
                 value = tirx.Cast(str(store.buffer.dtype), value)
         return with_fields(block, body=tirx.BufferStore(store.buffer, value, store.indices),
@@ -507,6 +565,7 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
 
     Requires: ``sch`` holds ``staged_spmm(bs, feat, n_tile, dtype)``.
     Before: tile(bi, bj): acc = 0; for p: A_s = ..; B_s = ..; acc += A_s @ B_s;  C = acc
+            (bj: heads x N tiles for a multi-head SpMM, ``tensorcore_heads``)
     After:  bx = bi, by = bj, ty = warps, tx = lanes;  acc in mma fragments;
             for p (pipelined, cp.async): ldmatrix -> mma.sync per 16-deep step;  C via shared
     """
@@ -582,8 +641,10 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(vec)
 
-    # gathers: 16-byte vectors over all threads (B: the widest that divides its rows)
-    for name, width in (("A_load", 8), ("B_load", vector_width(feat, 8))):
+    # gathers: 16-byte vectors over all threads (B: the widest that divides its rows; A with
+    # heads: single values, a head's being ``heads`` apart)
+    a_width = 8 if Operands(heads_of(program)).contiguous_values else 1
+    for name, width in (("A_load", a_width), ("B_load", vector_width(feat, 8))):
         blk = sch.get_sblock(name)
         _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-2:]), [None, warps, WARP, width])
         sch.bind(ty, "threadIdx.y")

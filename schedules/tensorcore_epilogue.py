@@ -5,7 +5,8 @@ and a dense one over (i, k) that rewrites every element of C once (``schedules.e
 fuses the same shape into the generic templates' stores). Lowered, the second is a dense
 nest whose target is ``C[v_i, v_k]`` and whose value reads C only there, the operator's
 dense inputs at indices made of v_i, v_k and constants, and constants. Several such nests
-in a row compose (scale, then ReLU).
+in a row compose (scale, then ReLU). A multi-head output ``C[i, h, k]`` (``tensorcore_heads``)
+takes the same over (i, h, k): a bias per (h, k) or per (i, h).
 
 :func:`epilogue_of` recognises that structure on the lowered program (None when the nests
 after the reduction are anything else); :meth:`Epilogue.apply` builds the TIR expression
@@ -24,10 +25,10 @@ VALUE_OPS = ("+", "-", "*", "/", "<", "<=", ">", ">=", "==", "and")
 
 @dataclass(frozen=True)
 class Epilogue:
-    """The dense nests after a block SpMM, each as (row var, col var, value expression).
+    """The dense nests after a block SpMM, each as (C's index vars, value expression).
 
     out      the output buffer's name (the reduction's target)
-    steps    ((row var name, col var name, value), ...) in program order; empty: C = acc
+    steps    (((row var, [head var,] col var), value), ...) in program order; empty: C = acc
     extras   the names of the dense inputs only the epilogue reads, in argument order
     literal  the dtype float literals take (the program's compute dtype, as the emitter's)
     """
@@ -37,11 +38,11 @@ class Epilogue:
     extras: Tuple[str, ...]
     literal: str = "float32"
 
-    def apply(self, value, row, col, buffers: Dict[str, object]):
-        """The element of C at (row, col) given the reduction's ``value`` (a PrimExpr of C's
-        dtype); ``buffers`` maps each extra's name to its tirx.Buffer."""
-        for rv, cv, expr in self.steps:
-            value = _to_tir(expr, {rv: row, cv: col}, self.out, value, buffers, self.literal)
+    def apply(self, value, index, buffers: Dict[str, object]):
+        """The element of C at ``index`` (its TIR indices) given the reduction's ``value`` (a
+        PrimExpr of C's dtype); ``buffers`` maps each extra's name to its tirx.Buffer."""
+        for names, expr in self.steps:
+            value = _to_tir(expr, dict(zip(names, index)), self.out, value, buffers, self.literal)
         return value
 
 
@@ -60,19 +61,19 @@ def epilogue_of(program, out: str) -> Optional[Epilogue]:
         if not nest.dense or nest.reduce is not None or nest.fill or nest.atomic or nest.target.buffer != out:
             return None
         loops = [b.loop for blk in nest.blocks for b in blk]
-        if len(loops) != 2 or loops[0].role != "root" or loops[1].role != "dense":
+        if len(loops) not in (2, 3) or loops[0].role != "root" or any(l.role != "dense" for l in loops[1:]):
             return None
-        rv, cv = (f"v_{l.name}" for l in loops)
-        if [getattr(i, "name", None) for i in nest.target.index] != [rv, cv]:
+        names = tuple(f"v_{l.name}" for l in loops)
+        if tuple(getattr(i, "name", None) for i in nest.target.index) != names:
             return None
         for node in _nodes(nest.value):
             if isinstance(node, Load):
                 if node.buffer == out:
-                    ok = [getattr(i, "name", None) for i in node.index] == [rv, cv]
+                    ok = tuple(getattr(i, "name", None) for i in node.index) == names
                 else:
                     ok = node.buffer in extras and all(
-                        (isinstance(i, Var) and i.name in (rv, cv)) or (isinstance(i, Const) and
-                                                                         isinstance(i.value, int))
+                        (isinstance(i, Var) and i.name in names) or (isinstance(i, Const) and
+                                                                      isinstance(i.value, int))
                         for i in node.index)
                 if not ok:
                     return None
@@ -80,7 +81,7 @@ def epilogue_of(program, out: str) -> Optional[Epilogue]:
                 return None  # a loop variable used as a value, or a size: not an element-wise epilogue
             elif not _allowed(node):
                 return None
-        steps.append((rv, cv, nest.value))
+        steps.append((names, nest.value))
     return Epilogue(out, tuple(steps), extras, program.dtype.out)
 
 
