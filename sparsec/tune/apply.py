@@ -17,7 +17,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,23 +73,37 @@ def tuned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype:
             if _spec_key(spec) == mine:
                 return dict(r.schedule_knobs)
     for path in logs:
-        knobs = model_schedule_knobs(op, inst, feat, target, dtype, path, records[path])
+        knobs = model_schedule_knobs(op, inst, feat, target, dtype, path, records[path],
+                                     model_of=lambda p=path: _cached_log_model(p, records[p]))
         if knobs is not None:
             return knobs
     return {}
 
 
+_MODELS: Dict[tuple, Any] = {}  # (log, its size and mtime) -> its model: fitted once a process, not per compile
+
+
+def _cached_log_model(log: str, records):
+    st = os.stat(log)
+    key = (os.path.abspath(log), st.st_size, st.st_mtime_ns)
+    if key not in _MODELS:
+        _MODELS.clear()
+        _MODELS[key] = _log_model(log, records)
+    return _MODELS[key]
+
+
 INSTANCE_SIGNATURE = "instance_signature"  # a record's extra: the signature of the matrix its format stored
 
 
-def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log: str, records
-                         ) -> Optional[Dict[str, Any]]:
+def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log: str, records,
+                         model_of: Optional[Callable[[], Any]] = None) -> Optional[Dict[str, Any]]:
     """The model's pick of schedule knobs for ``inst`` on a shape no record names: the
     configurations of the instance's format (the same spec) that won on the log's other
     matrices for ``target`` (``transfer.winning_keys``), kept where this format's space at
     ``feat`` still holds them, and the format's untuned kernel, ranked by the model on
     this matrix ({} when the untuned kernel wins). None when the log has no winner of this
-    format or no model: transfer, not a guess over a space the model never saw measured."""
+    format or no model: transfer, not a guess over a space the model never saw measured.
+    The model is ``model_of()`` when given, else the log's (:func:`_log_model` on ``records``)."""
     from ..formats import make_format
     from .features import MatrixContext
     from .space import FAMILIES, Space, candidate_id
@@ -120,7 +134,7 @@ def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log:
                 pool.append(c)
     if len(pool) <= len(specs):
         return None  # no winning configuration fits this format here
-    model = _log_model(log, records)
+    model = model_of() if model_of is not None else _log_model(log, records)
     if model is None:
         return None
     pick = pool[int(np.argmax(model.predict(pool, ctx)))]
