@@ -45,7 +45,7 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from . import mma_intrin
-from .knobs import ANY, check_applicable, transformation
+from .knobs import ANY, Knob, check_applicable, transformation
 from .tensorcore_epilogue import Epilogue, epilogue_of
 from .tensorcore_heads import Operands, head_axis
 
@@ -558,8 +558,12 @@ def _prune(program, knobs):
     return None
 
 
-@transformation(knobs={"n_tile": N_TILES, "warp_m": (32, 16, 64), "warp_n": (32, 16, 64, 8),
-                       "stages": (2, 1, 3, 4, 6, 8)}, resolve=_resolve, prune=_prune)
+# the tuner's small space: every N tile that fits the features (``_prune`` drops wider ones;
+# the first choice alone would be pruned at few features), two warp tiles, three pipeline depths
+@transformation(knobs={"n_tile": Knob(N_TILES, small=N_TILES), "warp_m": Knob((32, 16, 64), small=(32, 16)),
+                       "warp_n": Knob((32, 16, 64, 8), small=(32, 16, 8)),
+                       "stages": Knob((2, 1, 3, 4, 6, 8), small=(2, 4, 8))},
+                resolve=_resolve, prune=_prune)
 def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int):
     """Schedule ``staged_spmm`` onto Tensor Cores (see the module docstring).
 

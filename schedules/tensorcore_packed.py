@@ -264,9 +264,10 @@ def _pipeline_prune(program, knobs) -> Optional[str]:
 
 # what the tuner searches of tc_pipeline's knobs: the full space every choice except the
 # grouped order's extremes (1 and 64 were never best on the H200, nm_tc_sweep_H200.json); the
-# small one the warp tiles and stages (block shape and pipeline depth decide most of the time)
+# small one the warp tiles, stages and k-steps (block shape and pipeline depth decide most of the time)
 _SEARCH = {"group_m": (8, 16)}
-_SMALL = {"warp_m_tiles": (4, 1), "warp_n_tiles": (4, 2), "warps_m": (2, 4), "warps_n": (2, 1), "stages": (3, 4)}
+_SMALL = {"warp_m_tiles": (4, 1), "warp_n_tiles": (4, 2), "warps_m": (2, 4), "warps_n": (2, 1), "stages": (3, 4),
+          "k_steps": (4, 2)}
 
 
 @transformation(knobs={k: Knob(tuple(v), search=_SEARCH.get(k), small=_SMALL.get(k))
@@ -302,7 +303,11 @@ def _srbcrs_prune(program, knobs) -> Optional[str]:
     return None
 
 
-@transformation(knobs={k: Knob(tuple(v)) for k, v in srbcrs_tc.KNOBS.items()}, resolve=_srbcrs_resolve,
+_SRBCRS_SMALL = {"n_bytes": (16, 8), "warps": (4, 2, 8)}  # the tuner's small space: B's load width, warps a block
+
+
+@transformation(knobs={k: Knob(tuple(v), small=_SRBCRS_SMALL.get(k)) for k, v in srbcrs_tc.KNOBS.items()},
+                resolve=_srbcrs_resolve,
                 prune=_srbcrs_prune)
 def srbcrs_int8_spmm(built, program, *, n_bytes: int, warps: int):
     """Build ``schedules.srbcrs_tensorcore``'s int8 kernel for ``program`` into ``built.mod``."""

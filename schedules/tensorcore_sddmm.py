@@ -459,7 +459,8 @@ def _warp_tiles(sch, blk, wm, fm, wn, fn):
     return i2
 
 
-@transformation(knobs={"warp_m": (16, 32, 64), "warp_n": (16, 32, 64), "stages": (2, 1, 3, 4),
+@transformation(knobs={"warp_m": Knob((16, 32, 64), small=(16, 32)), "warp_n": Knob((16, 32, 64), small=(16, 32)),
+                       "stages": Knob((2, 1, 3, 4), small=(2, 3)),
                        "row_split": Knob((4, 1, 2, 8, 16), search=(4, 1, 2, 8), small=(4, 1))},
                 resolve=_resolve, prune=_prune)
 def bsr_tensorcore_sddmm(sch: s_tir.Schedule, program, *, warp_m: int, warp_n: int, stages: int, row_split: int):

@@ -151,9 +151,9 @@ def test_tune_random_and_dtype_reach_the_tuner(capsys, monkeypatch):
     ref = sp.random(60, 50, 0.1, format="csr", dtype=np.float32, random_state=np.random.default_rng(7))
     assert m.shape == (60, 50) and (m != ref).nnz == 0
     assert seen["cases"][0].name == "random-60x50-0.1-s7"
-    assert tune_cli.TUNE_DTYPES == ("float32", "float64", "float16")
+    assert tune_cli.TUNE_DTYPES == ("float32", "float64", "float16", "int8")  # int8: SR-BCRS on Tensor Cores
     _fails(capsys, ["tune", "spmm", "--random", "60,50", "--target", "llvm"], "--random should be")
-    assert cli.main(["tune", "spmm", "--random", "60,50,0.1", "--dtype", "int8"]) == 2  # argparse choices
+    assert cli.main(["tune", "spmm", "--random", "60,50,0.1", "--dtype", "bfloat16"]) == 2  # argparse choices
     assert cli.main(["tune", "spmm", "--random", "6,5,0.1", "--matrix", "x.npz"]) == 2  # one source
     assert "not allowed with" in capsys.readouterr().err
     for opt, text in ((["--formats", "csr,nosuch"], "--formats takes"), (["--size", "huge"], "--size should be")):

@@ -3,6 +3,8 @@
     sparsec tune spmm --suite graphs --feat 32 128 --target cuda --trials 64 [--resume] [--plot tune.png]
     sparsec tune spmm --matrix A.npz --feat 64 --target llvm --trials 16 --formats csr,hyb
     sparsec tune sddmm --random 3000,2000,0.01 --dtype float64 --target llvm --trials 8
+    sparsec tune spmm --matrix W.npz --feat 16 512 --target cuda --formats bsr,mma_sp,nm_tc --dtype float16
+    sparsec tune spmm --matrix W.npz --feat 64 --target cuda --formats srbcrs --dtype int8
 
 Shows a progress bar (tqdm; a line per case without it), then a table per case: the
 untuned default, the best of each format family, the speedup of the best over the
@@ -23,7 +25,14 @@ from typing import List
 
 from .common import add_matrix_source, count, dumps, positive_int
 
-TUNE_DTYPES = ("float32", "float64", "float16")  # the tuner searches float formats (csr, hyb, ell, bsr)
+# float formats (csr, hyb, ell, bsr; mma_sp and nm_tc at float16) and int8 SR-BCRS
+TUNE_DTYPES = ("float32", "float64", "float16", "int8")
+FORMATS_HELP = ("format families to search, comma separated (default csr,hyb,ell,bsr). The packed Tensor "
+                "Core families change the matrix, as converting to them does: mma_sp (float16) keeps the 2 "
+                "largest of every 4 entries along a row, nm_tc (float16) 1 of every 8 columns, chosen per "
+                "vector of 128 rows, srbcrs (int8) quantizes the values to int8 unless they are int8 "
+                "already; a matrix already in the pattern (pruned weights) stays as it is. Searched alone, "
+                "their speedup is over the first one's untuned kernel")
 
 
 def add_parser(sub, common):
@@ -31,13 +40,13 @@ def add_parser(sub, common):
     p.add_argument("op", choices=("spmm", "sddmm"), help="operator to tune")
     src = add_matrix_source(p, required=True, many=True)
     src.add_argument("--suite", choices=("graphs",), help="the graphs suite of sparsec.bench.suites")
-    p.add_argument("--dtype", default="float32", choices=TUNE_DTYPES, help="value dtype (default float32)")
+    p.add_argument("--dtype", default="float32", choices=TUNE_DTYPES,
+                   help="value dtype (default float32; float16 for mma_sp / nm_tc, int8 for srbcrs)")
     p.add_argument("--feat", type=positive_int, nargs="+", default=None, metavar="N",
                    help="dense feature width(s) (default 64; --suite: the suite's widths)")
     p.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_90a (default llvm)")
     p.add_argument("--trials", type=positive_int, default=64, metavar="N", help="measurements per case (default 64)")
-    p.add_argument("--formats", type=_families, metavar="csr,hyb,...",
-                   help="format families to search, comma separated (default: every family the tuner searches)")
+    p.add_argument("--formats", type=_families, metavar="csr,hyb,...", help=FORMATS_HELP)
     p.add_argument("--size", type=_size, default="full", metavar="full|small",
                    help="the full space (default), or a small enumerable one")
     p.add_argument("--log", metavar="FILE", help="JSON-lines log (default tuning_logs/<op>_<target>.jsonl)")

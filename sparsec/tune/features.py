@@ -31,13 +31,22 @@ from sparsec.schedules import features_over_threads, lane_groups, parallel_rows
 from sparsec.schedules.cuda import resolve_rows
 from sparsec.schedules.cuda_sddmm import resolve_lanes
 from sparsec.schedules.tensorcore import bsr_tensorcore
+from sparsec.schedules.tensorcore_packed import srbcrs_int8_spmm, tc_pipeline_spmm
+from sparsec.schedules.tensorcore_sddmm import bsr_tensorcore_sddmm
 
 from .signature import matrix_signature, matrix_stats
 
 OPS = ("spmm", "sddmm")
-# each op's templates, the first the one whose defaults the schedule columns fill in
-TEMPLATES = {"spmm": (features_over_threads, bsr_tensorcore, parallel_rows), "sddmm": (lane_groups, parallel_rows)}
+# each op's templates, the first the one whose defaults the schedule columns fill in; the
+# Tensor Core templates added later come last, so the knob columns of older logs keep their order
+TEMPLATES = {"spmm": (features_over_threads, bsr_tensorcore, parallel_rows, tc_pipeline_spmm, srbcrs_int8_spmm),
+             "sddmm": (lane_groups, parallel_rows, bsr_tensorcore_sddmm)}
 FAMILIES = ("csr", "hyb", "ell", "bsr")  # formats with format-derived features; others: "other", NaN
+# formats that store a Tensor Core operand packed: a column each (they share their kernels'
+# knob names, so without it the model could not tell 2:4 from vector-wise N:M), the share of
+# K a row keeps (N / M) and log2 of the row vector (NaN where they do not apply)
+PACKED_FAMILIES = ("mma_sp", "nm_tc", "srbcrs")
+PACKED_NAMES = (*(f"fmt_{f}" for f in PACKED_FAMILIES), "packed_kept", "log2_row_vec")
 DTYPE_BYTES = {"float64": 8.0, "float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 
 _LOG_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_p50", "row_len_p90", "row_len_p99", "row_len_max")
@@ -84,9 +93,12 @@ FEATURE_NAMES: Tuple[str, ...] = (
     *DERIVED_NAMES,
     # every other declared knob, as its value (NaN where the candidate's kernel does not take it)
     *(f"knob_{k}" for k, _ in KNOB_COLUMNS),
+    # the packed Tensor Core formats (``format_features``), last: computed from a record's format
+    *PACKED_NAMES,
 )
 LEGACY_VALUES = (0.0,)  # log2(feat_tiles = 1): rows logged before it ran untiled kernels
-KNOBS_AT = len(FEATURE_NAMES) - len(KNOB_COLUMNS)
+KNOBS_AT = len(FEATURE_NAMES) - len(KNOB_COLUMNS) - len(PACKED_NAMES)
+PACKED_AT = len(FEATURE_NAMES) - len(PACKED_NAMES)
 BASE_LENGTH = KNOBS_AT - len(DERIVED_NAMES)
 LEGACY_LENGTH = BASE_LENGTH - len(LEGACY_VALUES)
 
@@ -142,26 +154,57 @@ def derived_features(f: Mapping[str, float]) -> Dict[str, float]:
     return out
 
 
-def stored_row(x, schedule_knobs: Optional[Mapping[str, Any]] = None):
+def format_features(fmt: Optional[str], format_knobs: Optional[Mapping[str, Any]] = None) -> List[float]:
+    """The ``PACKED_NAMES`` columns of a format spec (a family outside ``PACKED_FAMILIES``,
+    or None: zeros and NaN): which packed family, the share of K a row keeps, log2 of its
+    row vector (2:4 keeps half of K in rows of one)."""
+    family, params = None, {}
+    if fmt is not None:
+        module, params = registry.parse_spec(fmt)
+        family = module.NAME
+        params = {**params, **{k: v for k, v in (format_knobs or {}).items() if v is not None}}
+    flags = [float(family == f) for f in PACKED_FAMILIES]
+    if family == "mma_sp":
+        return flags + [0.5, 0.0]
+    if family == "nm_tc":
+        return flags + [params["n"] / params["m"], math.log2(params["vec"])]
+    if family == "srbcrs":
+        return flags + [math.nan, math.log2(params["vec"])]
+    return flags + [math.nan, math.nan]
+
+
+def stored_row(x, schedule_knobs: Optional[Mapping[str, Any]] = None, fmt: Optional[str] = None,
+               format_knobs: Optional[Mapping[str, Any]] = None):
     """A feature row read back from a log or results file, with None for NaN, as a list in
     ``FEATURE_NAMES`` order: a row stored before the newest features were added is extended
     with the values its kernel ran with, and the derived columns are computed afresh. The
     ``knob_<name>`` columns are computed from the record's ``schedule_knobs`` when given
     (then their order in older rows does not matter), else read from the row where it has
-    them and filled as :func:`knob_features` fills a knob left out. None when the row is of
-    no known length."""
+    them and filled as :func:`knob_features` fills a knob left out; the packed-format
+    columns from the record's ``fmt`` when given, else read from a row of today's length
+    (an older row is of a format that was not packed: those were not tuned before the
+    columns existed). None when the row is of no known length."""
     if not isinstance(x, list):
         return None
     if len(x) == LEGACY_LENGTH:
         x = x + list(LEGACY_VALUES)
     if len(x) != BASE_LENGTH and not KNOBS_AT <= len(x) <= len(FEATURE_NAMES):
         return None
+    full = len(x) == len(FEATURE_NAMES)
     base = [math.nan if v is None else float(v) for v in x[:BASE_LENGTH]]
     extra = derived_features(dict(zip(FEATURE_NAMES, base)))
     knobs = knob_features(schedule_knobs)
     if schedule_knobs is None and len(x) > KNOBS_AT:
-        knobs[:len(x) - KNOBS_AT] = [math.nan if v is None else float(v) for v in x[KNOBS_AT:]]
-    return base + [extra[k] for k in DERIVED_NAMES] + knobs
+        stored = x[KNOBS_AT:PACKED_AT] if full else x[KNOBS_AT:KNOBS_AT + len(knobs)]
+        knobs[:len(stored)] = [math.nan if v is None else float(v) for v in stored]
+    if fmt is not None or not full:
+        try:
+            packed = format_features(fmt, format_knobs)
+        except ValueError:
+            return None  # a format this sparsec does not know
+    else:
+        packed = [math.nan if v is None else float(v) for v in x[PACKED_AT:]]
+    return base + [extra[k] for k in DERIVED_NAMES] + knobs + packed
 
 
 @dataclass(frozen=True)
@@ -430,6 +473,7 @@ def candidate_features(cand: Mapping[str, Any], ctx: MatrixContext) -> Dict[str,
     f["log_work_rows"] = math.log1p(ctx.rows * feat)
     f.update(derived_features(f))
     f.update(zip((f"knob_{k}" for k, _ in KNOB_COLUMNS), knob_features(cand.get("schedule_knobs"))))
+    f.update(zip(PACKED_NAMES, format_features(cand.get("format"), cand.get("format_knobs"))))
     return f
 
 

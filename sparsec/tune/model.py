@@ -213,7 +213,8 @@ def training_rows(records: Iterable[Any], exclude_signature: Optional[str] = Non
     for r in reversed(records):
         if r.status != "ok" or not r.time_ms or r.signature == exclude_signature:
             continue
-        x = stored_row(r.extra.get(FEATURES_KEY), r.schedule_knobs)  # knob columns from the knobs, not by position
+        # knob and packed-format columns from the record, not by position
+        x = stored_row(r.extra.get(FEATURES_KEY), r.schedule_knobs, r.format, r.format_knobs)
         if x is None:
             continue
         rows.append(x)

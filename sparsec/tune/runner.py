@@ -583,12 +583,16 @@ def _cuda_timer():
 def _case_inputs(kernel, inst, cand, p, on_gpu: bool):
     """Dense inputs (numpy, and torch on the GPU) and, for SpMM, the float64 reference, made
     once per (matrix, op, width, dtype, seed): every candidate of a tuning round shares them.
-    SDDMM's reference is per format (its output follows the format's stored slots)."""
+    SDDMM's reference is per format (its output follows the format's stored slots), and so
+    is SpMM's for a format that prunes or quantizes the matrix (its own matrix is the one computed)."""
     from .. import workload
     from ..reference import REFERENCES
 
     shapes = tuple((q.name, q.dtype, q.shape) for q in kernel.inputs)
-    key = (p["matrix"], cand["op"], cand["feat"], cand["dtype"], p["seed"], shapes, on_gpu)
+    family = cand["format"].split(":")[0]
+    changed = (cand["format"], tuple(sorted(cand["format_knobs"].items()))) \
+        if family in (*workload.NM_FAMILIES, "srbcrs") else None
+    key = (p["matrix"], cand["op"], cand["feat"], cand["dtype"], p["seed"], shapes, on_gpu, changed)
     if key not in _CASES:
         _CASES.clear()
         dense = workload.dense_inputs(kernel, inst, p["seed"])

@@ -59,6 +59,9 @@ FAMILIES = ("csr", "hyb", "ell", "bsr", "mma_sp", "nm_tc", "srbcrs")
 # matrix is pruned (mma_sp, nm_tc) or quantized (srbcrs) to them by ``workload.convert``
 TC_FORMATS = {"mma_sp": ("float16", ("mma_sp",)), "nm_tc": ("float16", ("nm_tc:1:8:v128",)),
               "srbcrs": ("int8", tuple(f"srbcrs:v{v},int8" for v in (2, 4, 8)))}
+# families whose untuned kernel is in the space whatever the grid: their templates pick
+# tiles per block size and width (``resolve``), which the grid's values need not include
+BASELINE_FAMILIES = ("bsr", *TC_FORMATS)
 SIZES = ("full", "small")
 # hyb's parts have rows of a fixed width whatever its parameters: its schedule knobs are
 # read from this small instance of it
@@ -130,6 +133,11 @@ class Space:
         self.matrix = as_csr(matrix)
         self.stats = stats or matrix_stats(self.matrix)
         self.families = families
+        wrong = [f for f in families if f in TC_FORMATS and TC_FORMATS[f][0] != dtype]
+        if wrong and len(wrong) == len(families):
+            raise ValueError(f"dtype {dtype}: " + "; ".join(f"{f} packs {TC_FORMATS[f][0]} values" for f in wrong)
+                             + f" (tune {'them' if len(wrong) > 1 else 'it'} with that dtype, e.g. "
+                             f"--dtype {TC_FORMATS[wrong[0]][0]})")
         self._longest: Dict[int, int] = {}
         self.pruned: Dict[str, int] = {}
         self.candidates = self._enumerate()
@@ -142,9 +150,34 @@ class Space:
 
     # ---- the default: what sparsec does untuned ----------------------------------------------
     def _default(self) -> dict:
+        """sparsec's untuned choice; when only packed Tensor Core families are searched, the
+        first one's untuned kernel instead: they compute a pruned or quantized matrix, so
+        the untuned kernel of the full matrix is no baseline for them."""
+        packed = [spec for fam, (dtype, specs) in TC_FORMATS.items()
+                  if fam in self.families and self.dtype == dtype for spec in specs]
+        if packed and all(f in TC_FORMATS for f in self.families):
+            return self.format_default(packed[0])
         fam = default_format(self.op, self.stats, self.feat)
         fk = self.hyb_knobs(*hyb_format.choose_params(self.matrix)) if fam == "hyb" else {}
         return candidate(self.op, fam, self.feat, self.dtype, fk, self._written({}, self._uses(fam), resolve_all=True))
+
+    def format_default(self, spec: str, format_knobs: Optional[dict] = None) -> dict:
+        """The untuned kernel of format ``spec``: its templates' defaults, resolved as they
+        resolve them (a Tensor Core template picks its tiles by block size and width)."""
+        return candidate(self.op, spec, self.feat, self.dtype, format_knobs,
+                         self._written({}, self._uses(spec), resolve_all=True))
+
+    def format_candidates(self, spec: str) -> List[dict]:
+        """The schedules this space searches for format ``spec`` (any spec of its families,
+        e.g. ``nm_tc:2:8:v64``), pruned, with the format's untuned kernel first."""
+        out = [self.format_default(spec)]
+        seen = {candidate_id(out[0])}
+        for sk in self._schedules(spec):
+            c = candidate(self.op, spec, self.feat, self.dtype, {}, sk)
+            if candidate_id(c) not in seen:
+                seen.add(candidate_id(c))
+                out.append(c)
+        return out
 
     def _uses(self, fam: str):
         """The templates that schedule format ``fam`` (a spec such as ``bsr:4x4``) here."""
@@ -174,7 +207,10 @@ class Space:
         out: List[dict] = []
         seen = set()
         for fam, fk in self._formats():
-            for sk in self._schedules(fam):
+            schedules = self._schedules(fam)
+            if fam.split(":")[0] in BASELINE_FAMILIES:  # the format's untuned kernel, a baseline
+                schedules = [self.format_default(fam)["schedule_knobs"], *schedules]
+            for sk in schedules:
                 c = candidate(self.op, fam, self.feat, self.dtype, fk, sk)
                 key = candidate_id(c)
                 if key not in seen:

@@ -13,6 +13,7 @@ needs no access to the matrices that were measured.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -22,12 +23,11 @@ import numpy as np
 
 from . import records as R
 from .features import MatrixContext, feature_matrix
-from .apply import model_path
+from .apply import INSTANCE_SIGNATURE, model_path
 from .model import FEATURES_KEY, CostModel, training_rows
 from .runner import Runner
 from .search import Search, SearchResult, Trial
 from .space import Space, candidate_id
-
 
 
 @dataclass
@@ -70,10 +70,12 @@ def device_name(target: str) -> str:
 
 
 def _record(trial: Trial, case: Case, ctx: MatrixContext, features: List[float], target: str,
-            device: str, default_id: str) -> R.Record:
+            device: str, default_id: str, instance_signature: Optional[str] = None) -> R.Record:
     c, res = trial.candidate, trial.result
     extra = {FEATURES_KEY: features, "source": trial.source, "round": trial.round,
              "default": candidate_id(c) == default_id}
+    if instance_signature is not None and instance_signature != ctx.signature:
+        extra[INSTANCE_SIGNATURE] = instance_signature
     for k in ("method", "max_rel_err", "compile_s", "load_s"):
         if res.get(k) is not None:
             extra[k] = res[k]
@@ -138,11 +140,12 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
     default_id = candidate_id(space.default)
 
     measure = _Measurer(runner, ctx.matrix, seed, inject, first=len(resumed))
+    stored = _StoredSignatures(ctx)
 
     def logged_trial(trial: Trial):
         x = X[row[candidate_id(trial.candidate)]]
         features = [None if not np.isfinite(v) else float(v) for v in x]
-        R.append(log, _record(trial, case, ctx, features, target, device, default_id))
+        R.append(log, _record(trial, case, ctx, features, target, device, default_id, stored(trial)))
         if on_trial:
             on_trial(case, trial)
 
@@ -150,6 +153,33 @@ def _tune_one(op, case, target, trials, log, resume, families, size, dtype, batc
                     prior=prior, on_trial=logged_trial)
     result = search.run(resumed)
     return CaseResult(case, ctx.signature, len(space), result, time.perf_counter() - t0, measure.seconds)
+
+
+class _StoredSignatures:
+    """The signature of the matrix a measured candidate's format stored, where it can differ
+    from the case's: pruned to N:M (``mma_sp``, ``nm_tc``), quantized (``srbcrs`` int8), or
+    values in a narrower dtype. ``sparsec.compile(inst, knobs="tuned")`` knows only that
+    matrix, so a record names both. Computed once per format of the case, by the conversion
+    the runner's workers make."""
+
+    WIDE = ("float32", "float64")
+
+    def __init__(self, ctx: MatrixContext):
+        self.ctx, self.known = ctx, {}
+
+    def __call__(self, trial: Trial) -> Optional[str]:
+        from .. import workload
+        from .signature import matrix_signature
+
+        c = trial.candidate
+        family = c["format"].split(":")[0]
+        if not trial.ok or (c["dtype"] in self.WIDE and family not in (*workload.NM_FAMILIES, "srbcrs")):
+            return None
+        key = (c["format"], json.dumps(c["format_knobs"], sort_keys=True), c["dtype"])
+        if key not in self.known:
+            inst, _ = workload.convert(self.ctx.matrix, c["format"], c["format_knobs"], c["dtype"])
+            self.known[key] = matrix_signature(inst.to_scipy())
+        return self.known[key]
 
 
 class _Measurer:
