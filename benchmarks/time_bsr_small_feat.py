@@ -101,7 +101,7 @@ def main():
     sweep = []
     if args.sweep:  # each knob set compiled once per block size and width, run on every case of that block size
         by_block = {}
-        for name, dense, b in suite_cases(False):
+        for name, dense, b in suite_cases(args.quick):
             by_block.setdefault(b, []).append((name, dense, formats.convert(dense, f"bsr:{b}x{b}")))
         for b, feat in itertools.product(sorted(by_block), args.feats):
             for n_tile, warp_m, warp_n, stages in SWEEP:

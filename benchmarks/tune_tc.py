@@ -128,7 +128,8 @@ def tune(all_cases, args, log_dir: Path):
                 continue
             t0 = time.perf_counter()
             got = tune_cases("spmm", [Case(name, m, feat) for name, _, _, _, m, feat in mine], target=TARGET,
-                             trials=args.trials, batch=args.batch, log=log, families=[family], size=args.size,
+                             trials=args.trials, batch=args.batch, log=log, resume=args.resume, families=[family],
+                             size=args.size,
                              dtype=dtype, runner=runner, seed=args.seed)
             for c, r in zip(mine, got):
                 results[(c[0], c[5])] = r
@@ -268,6 +269,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-model", action="store_true", help="skip the held-out model picks")
     ap.add_argument("--log-dir", help="where the tuning log goes (default $OUT/tune_tc_logs, else a temporary folder)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true",
+                    help="count the log's earlier measurements of a case (with --log-dir: re-time a finished run)")
     ap.add_argument("--out", help="results JSON")
     args = ap.parse_args(argv)
     args.trials = args.trials or (8 if args.quick else 24)
