@@ -29,6 +29,15 @@ def timed(ex, name, args):
     return float(np.median([float(r) for r in ev(*args).results])) * 1e3
 
 
+def with_compiled(row, k, A, B):
+    """``row`` with the compiled kernel's time and knobs, printed."""
+    row["compiled"] = k.time(A, B, number=50, repeat=5)["median_ms"]
+    row["compiled_knobs"] = k.knobs
+    print(" ".join(f"{n}={v:.4f}" if isinstance(v, float) else f"{n}={v}" for n, v in row.items()
+                   if not n.endswith("knobs")), flush=True)
+    return row
+
+
 def packed_cases(limit):
     import torch
 
@@ -62,12 +71,8 @@ def packed_cases(limit):
                 ex = tp.build(mode, M, K, c["N"], arch="sm_90a", out_dtype="float16", vec=vec,
                               kc=kc if M is not None else 0, **knobs)
                 row[label] = timed(ex, "tc_spmm", (da, de, B, out))
-            k = sparsec.compile(spmm_half_out(), A, target="cuda", feat=int(c["N"]))
-            row["compiled"] = k.time(A, B, number=50, repeat=5)["median_ms"]
-            row["compiled_knobs"] = k.knobs
-            rows.append(row)
-            print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-                           if not k.endswith("knobs")), flush=True)
+            rows.append(with_compiled(row, sparsec.compile(spmm_half_out(), A, target="cuda", feat=int(c["N"])),
+                                      A, B))
     return rows
 
 
@@ -97,12 +102,7 @@ def int8_cases(limit):
         for label, (M, K, values) in {"static_best": (c["M"], c["K"], dv), "any_best": (None, None, d8)}.items():
             ex = stc.build(M, K, int(c["N"]), vec, arch="sm_90a", **best)
             row[label] = timed(ex, "srbcrs_spmm", (ip, ix, values, B, out))
-        k = sparsec.compile("spmm", A, target="cuda", feat=int(c["N"]))
-        row["compiled"] = k.time(A, B, number=50, repeat=5)["median_ms"]
-        row["compiled_knobs"] = k.knobs
-        rows.append(row)
-        print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-                       if not k.endswith("knobs")), flush=True)
+        rows.append(with_compiled(row, sparsec.compile("spmm", A, target="cuda", feat=int(c["N"])), A, B))
     return rows
 
 
