@@ -17,13 +17,13 @@ import time
 
 import numpy as np
 
-from . import mma_sp, nm
+from . import mma_sp, nm, packed
 from .base import Format, FormatInstance
 
 NAME = "mma_sp"
 DESCRIPTION = ("2:4 for the sparse Tensor Core instruction mma.sp: nm:2:4's axes, plus the float16 operand "
                "and metadata packed once in the instruction's lane order")
-PACKED = ("sp24_values", "sp24_meta")
+PACKED = packed.SP24
 N, M = 2, 4
 
 
@@ -48,21 +48,10 @@ def tensor_core_layout(fmt: Format, dtype: str):
     return "sp24" if dtype == "float16" else None
 
 
-def packed_operands(inst: FormatInstance) -> dict:
-    """The mma.sp operand of ``inst`` (float16 values), by array name."""
-    values, meta = mma_sp.pack(inst.to_dense())
-    return dict(zip(PACKED, (values, meta)))
-
-
 def _wrap(src: FormatInstance, t0: float) -> FormatInstance:
     """An ``nm:2:4`` instance as an ``mma_sp`` one, packed when its values are float16."""
     inst = FormatInstance(declare(), src.shape, {"indices": src.arrays["indices"]}, src.data, src.nnz)
-    if inst.data.dtype == np.float16:
-        inst.arrays.update(packed_operands(inst))
-        inst.__dict__["_packed_operands"] = (inst.data, {n: inst.arrays[n] for n in PACKED})
-    inst.conversion_s = time.perf_counter() - t0
-    check(inst)
-    return inst
+    return packed.seal(inst, packed.sp24_operands, t0, check)
 
 
 def from_matrix(matrix, *, shape=None, dtype=None) -> FormatInstance:

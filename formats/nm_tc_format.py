@@ -17,13 +17,13 @@ import time
 
 import numpy as np
 
-from . import nm, nm_tc
+from . import nm, nm_tc, packed
 from .base import Format, FormatInstance
 
 NAME = "nm_tc"
 DESCRIPTION = ("vector-wise N:M for the gathered Tensor Core SpMM: V rows (16..128) share N kept columns "
                "in every M, plus the float16 values and columns packed once for the kernel's gather")
-PACKED = ("gather_values", "gather_cols")
+PACKED = packed.GATHER
 VECS = (16, 32, 64, 128)
 DEFAULT_VEC = 128
 
@@ -56,24 +56,12 @@ def tensor_core_layout(fmt: Format, dtype: str):
     return "gather" if dtype in ("float16", "bfloat16") else None
 
 
-def packed_operands(inst: FormatInstance) -> dict:
-    """The gathered layout of ``inst`` (float16 values), by array name."""
-    n, m, vec = (int(inst.format.param(k)) for k in ("n", "m", "vec"))
-    values, cols = nm_tc.pack(inst.to_dense(), n=n, m=m, vec=vec, dtype="float16")
-    return dict(zip(PACKED, (values, cols)))
-
-
 def _wrap(src: FormatInstance, t0: float) -> FormatInstance:
     """An ``nm:N:M:vV`` instance as an ``nm_tc`` one, packed when its values are float16."""
     n, m, vec = (int(src.format.param(k)) for k in ("n", "m", "vec"))
     arrays = {k: v for k, v in src.arrays.items() if k in ("indices", nm.MASK)}
     inst = FormatInstance(declare(n, m, vec), src.shape, arrays, src.data, src.nnz)
-    if inst.data.dtype == np.float16:
-        inst.arrays.update(packed_operands(inst))
-        inst.__dict__["_packed_operands"] = (inst.data, {k: inst.arrays[k] for k in PACKED})
-    inst.conversion_s = time.perf_counter() - t0
-    check(inst)
-    return inst
+    return packed.seal(inst, packed.gather_operands, t0, check)
 
 
 def from_matrix(matrix, *, n=None, m=None, vec=DEFAULT_VEC, shape=None, dtype=None) -> FormatInstance:

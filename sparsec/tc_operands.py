@@ -15,23 +15,9 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from .formats import mma_sp, nm_tc
+from .formats.packed import CACHE, GATHER, SP24, gather_operands, sp24_operands
 
-CACHE = "_packed_operands"  # instance attribute: (data packed from, {name: array})
-
-
-def _sp24(inst) -> Dict[str, np.ndarray]:
-    values, meta = mma_sp.pack(inst.to_dense().astype(np.float16))
-    return {"sp24_values": values, "sp24_meta": meta}
-
-
-def _gather(inst) -> Dict[str, np.ndarray]:
-    n, m, vec = (int(inst.format.param(k, 1)) for k in ("n", "m", "vec"))
-    values, cols = nm_tc.pack(inst.to_dense(), n=n, m=m, vec=vec, dtype="float16")
-    return {"gather_values": values, "gather_cols": cols}
-
-
-PACKERS = {"sp24_values": _sp24, "sp24_meta": _sp24, "gather_values": _gather, "gather_cols": _gather}
+PACKERS = {**{n: sp24_operands for n in SP24}, **{n: gather_operands for n in GATHER}}
 
 
 def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:
