@@ -49,7 +49,7 @@ class Epilogue:
 def epilogue_of(program, out: str) -> Optional[Epilogue]:
     """The epilogue of a program whose first nest is a block SpMM into ``out``, or None when
     a later nest is not a dense element-wise rewrite of ``out`` (module docstring)."""
-    from sparsec.expr import Const, Load, Var
+    from sparsec.expr import Const, Load, Var, walk
 
     core = {b.name for b in program.buffers if b.role in ("index", "output") or b.sparse}
     extras = tuple(b.name for b in program.buffers if b.name not in core and b.name != out)
@@ -66,7 +66,7 @@ def epilogue_of(program, out: str) -> Optional[Epilogue]:
         names = tuple(f"v_{l.name}" for l in loops)
         if tuple(getattr(i, "name", None) for i in nest.target.index) != names:
             return None
-        for node in _nodes(nest.value):
+        for node in walk(nest.value, indices=False):  # index expressions are checked apart
             if isinstance(node, Load):
                 if node.buffer == out:
                     ok = tuple(getattr(i, "name", None) for i in node.index) == names
@@ -83,23 +83,6 @@ def epilogue_of(program, out: str) -> Optional[Epilogue]:
                 return None
         steps.append((names, nest.value))
     return Epilogue(out, tuple(steps), extras, program.dtype.out)
-
-
-def _nodes(e):
-    """Every node of ``e`` with the index expressions of loads left out (checked apart)."""
-    from sparsec.expr import BinOp, Call, Select
-
-    yield e
-    if isinstance(e, BinOp):
-        children = (e.a, e.b)
-    elif isinstance(e, Call):
-        children = e.args
-    elif isinstance(e, Select):
-        children = (e.cond, e.then, e.other)
-    else:
-        children = ()
-    for c in children:
-        yield from _nodes(c)
 
 
 def _allowed(node) -> bool:

@@ -116,8 +116,9 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     return e if out is None else out
 
 
-def walk(e: Expr):
-    """Every node of ``e``, parents before children."""
+def walk(e: Expr, indices: bool = True):
+    """Every node of ``e``, parents before children (without the index expressions of loads
+    when ``indices`` is False)."""
     yield e
     children = ()
     if isinstance(e, BinOp):
@@ -126,12 +127,12 @@ def walk(e: Expr):
         children = e.args
     elif isinstance(e, Select):
         children = (e.cond, e.then, e.other)
-    elif isinstance(e, Load):
+    elif isinstance(e, Load) and indices:
         children = e.index
     elif isinstance(e, Let):
         children = (e.value, e.body)
     for c in children:
-        yield from walk(c)
+        yield from walk(c, indices)
 
 
 def simplify_add(a: Expr, b: Expr) -> Expr:
