@@ -558,6 +558,35 @@ def _prune(program, knobs):
     return None
 
 
+def warp_tiles(sch: s_tir.Schedule, blk, wm: int, fm: int, wn: int, fn: int, fw: int = 16):
+    """(i, j) of ``blk`` -> warps (threadIdx.y) x fragments x 16 x ``fw``; returns the
+    fragment loops' innermost."""
+    i, j = sch.get_loops(blk)[-2:]
+    i0, i1, i2 = sch.split(i, [wm, fm, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, fw])
+    sch.reorder(i0, j0, i1, j1, i2, j2)
+    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    return i2
+
+
+def warp_mma(sch: s_tir.Schedule, mma, wm: int, fm: int, wn: int, fn: int, fw: int = 16):
+    """The product block ``mma`` (i, j, k) -> warps (threadIdx.y), 16-deep k steps, fragments,
+    16 x ``fw`` x 16 tiles blockized; returns the warp-scope copies of its two operands,
+    placed at the k step (to be laid out and tensorized by the caller)."""
+    i, j, k = sch.get_loops(mma)[-3:]
+    i0, i1, i2 = sch.split(i, [wm, fm, 16])
+    j0, j1, j2 = sch.split(j, [wn, fn, fw])
+    k0, k1 = sch.split(k, [None, 16])
+    sch.reorder(i0, j0, k0, i1, j1, i2, j2, k1)
+    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    tile_mma = sch.blockize(i2)
+    a_w = sch.cache_read(tile_mma, 1, "warp")  # reads: acc, then the two operands
+    b_w = sch.cache_read(tile_mma, 2, "warp")
+    sch.compute_at(a_w, k0)
+    sch.compute_at(b_w, k0)
+    return a_w, b_w
+
+
 # the tuner's small space: every N tile that fits the features (``_prune`` drops wider ones;
 # the first choice alone would be pruned at few features), two warp tiles, three pipeline depths
 @transformation(knobs={"n_tile": Knob(N_TILES, small=N_TILES), "warp_m": Knob((32, 16, 64), small=(32, 16)),
@@ -611,33 +640,15 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     sch.set_scope(sch.get_sblock("acc_init"), 0, "warp")
 
     # mma: (i, j, k) -> ty (warps), k steps, fragments, 16 x fw x 16 tiles
-    i, j, k = sch.get_loops(mma)[-3:]
-    i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, fw])
-    k0, k1 = sch.split(k, [None, 16])
-    sch.reorder(i0, j0, k0, i1, j1, i2, j2, k1)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
-    tile_mma = sch.blockize(i2)
-    a_w = sch.cache_read(tile_mma, 1, "warp")  # reads: acc, A_s, B_s
-    b_w = sch.cache_read(tile_mma, 2, "warp")
-    sch.compute_at(a_w, k0)
-    sch.compute_at(b_w, k0)
+    a_w, b_w = warp_mma(sch, mma, wm, fm, wn, fn, fw)  # reads: acc, A_s, B_s
 
     # acc_init and the accumulators' way out (fragments -> shared -> C)
     init = sch.get_sblock("acc_init")
-    i, j = sch.get_loops(init)[-2:]
-    i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, fw])
-    sch.reorder(i0, j0, i1, j1, i2, j2)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    warp_tiles(sch, init, wm, fm, wn, fn, fw)
     store = sch.get_sblock("C_store")
     acc_s = sch.get_sblock("acc_out")
     sch.set_scope(acc_s, 0, "shared")
-    i, j = sch.get_loops(acc_s)[-2:]
-    i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, fw])
-    sch.reorder(i0, j0, i1, j1, i2, j2)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    warp_tiles(sch, acc_s, wm, fm, wn, fn, fw)
     # C (and the epilogue's operands) in vectors that divide a row: a tail tile never crosses it
     i, j = sch.get_loops(store)[-2:]
     _, ty, tx, vec = sch.split(sch.fuse(i, j), [None, warps, WARP, vector_width(feat, 4)])

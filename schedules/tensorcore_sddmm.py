@@ -449,16 +449,6 @@ def _spread(sch, blk, warps: int, vec: int):
     sch.vectorize(b1)
 
 
-def _warp_tiles(sch, blk, wm, fm, wn, fn):
-    """(i, j) -> warps (threadIdx.y) x fragments x 16 x 16; returns the fragment loops' innermost."""
-    i, j = sch.get_loops(blk)[-2:]
-    i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, 16])
-    sch.reorder(i0, j0, i1, j1, i2, j2)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
-    return i2
-
-
 @transformation(knobs={"warp_m": Knob((16, 32, 64), small=(16, 32)), "warp_n": Knob((16, 32, 64), small=(16, 32)),
                        "stages": Knob((2, 1, 3, 4), small=(2, 3)),
                        "row_split": Knob((4, 1, 2, 8, 16), search=(4, 1, 2, 8), small=(4, 1))},
@@ -497,24 +487,14 @@ def bsr_tensorcore_sddmm(sch: s_tir.Schedule, program, *, warp_m: int, warp_n: i
 
     # mma: (i, j, k) -> ty (warps), k steps, fragments, 16x16x16 tiles
     mma = sch.get_sblock("mma")
-    i, j, k = sch.get_loops(mma)[-3:]
-    i0, i1, i2 = sch.split(i, [wm, fm, 16])
-    j0, j1, j2 = sch.split(j, [wn, fn, 16])
-    k0, k1 = sch.split(k, [None, 16])
-    sch.reorder(i0, j0, k0, i1, j1, i2, j2, k1)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
-    tile_mma = sch.blockize(i2)
-    q_w = sch.cache_read(tile_mma, 1, "warp")  # reads: acc, Q_s, K_s
-    k_w = sch.cache_read(tile_mma, 2, "warp")
-    sch.compute_at(q_w, k0)
-    sch.compute_at(k_w, k0)
+    q_w, k_w = tensorcore.warp_mma(sch, mma, wm, fm, wn, fn)  # reads: acc, Q_s, K_s
 
     # the accumulators: zeroed per block, out through static shared memory with the epilogue
     init = sch.get_sblock("acc_init")
-    _warp_tiles(sch, init, wm, fm, wn, fn)
+    tensorcore.warp_tiles(sch, init, wm, fm, wn, fn)
     acc_s = sch.get_sblock("acc_out")
     sch.set_scope(acc_s, 0, "shared")
-    _warp_tiles(sch, acc_s, wm, fm, wn, fn)
+    tensorcore.warp_tiles(sch, acc_s, wm, fm, wn, fn)
     # the epilogue's conditional loads keep TVM from vectorizing the store: consecutive threads
     # take consecutive slots instead (coalesced 4-byte stores)
     store = sch.get_sblock("S_store")
