@@ -23,9 +23,24 @@ import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchm
 from _helpers import make_timed  # noqa: E402
 
 
-# (n_tile, warp_m, warp_n, stages) of the sweep: narrow tiles (more thread blocks) and deep pipelines
-SWEEP = ((16, 16, 16, 4), (16, 16, 16, 8), (16, 32, 16, 4), (16, 32, 16, 8), (32, 16, 16, 4), (32, 16, 16, 8),
-         (16, 16, 8, 6), (32, 32, 16, 6))
+def sweep_knobs(bs: int, feat: int):
+    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns: narrow N tiles (more
+    thread blocks), two pipeline depths and every ``k_split`` (warp groups that share a
+    block row's blocks), those the template accepts."""
+    from sparsec.schedules import tensorcore as tc
+
+    n_tiles = (16, 8) if feat <= 16 else (64, 32, 16)
+    out = []
+    for n_tile, warp_m, stages, k_split in itertools.product(n_tiles, (16, 32), (2, 4), (1, 2, 4, 8)):
+        knobs = {"n_tile": n_tile, "warp_m": min(warp_m, bs), "warp_n": min(16, n_tile), "stages": stages,
+                 "k_split": k_split}
+        try:
+            tc.check_knobs(bs, feat, **knobs)
+        except ValueError:
+            continue
+        if knobs not in out:
+            out.append(knobs)
+    return out
 
 
 def suite_cases(quick: bool):
@@ -104,8 +119,7 @@ def main():
         for name, dense, b in suite_cases(args.quick):
             by_block.setdefault(b, []).append((name, dense, formats.convert(dense, f"bsr:{b}x{b}")))
         for b, feat in itertools.product(sorted(by_block), args.feats):
-            for n_tile, warp_m, warp_n, stages in SWEEP:
-                knobs = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": stages}
+            for knobs in sweep_knobs(b, feat):
                 try:
                     k = sparsec.compile("spmm", by_block[b][0][2], target="cuda", feat=feat, knobs=knobs)
                 except ValueError as e:
@@ -114,6 +128,8 @@ def main():
                 for n, (name, dense, A) in enumerate(by_block[b]):
                     ok, err, ms, _ = check_and_time(k, A, dense, feat, timed, torch, check=n == 0)
                     sweep.append({"case": name, "block": b, "feat": feat, "knobs": knobs, "ok": ok, "ms": ms})
+                    if not ok:
+                        print(f"BAD sweep {name} feat={feat} {knobs}", flush=True)
                 print(f"sweep b={b} feat={feat} {knobs} done", flush=True)
         best = {}
         for r in sweep:

@@ -78,13 +78,13 @@ def schedule(program, **knobs):
     check_applicable(knobs, [(bsr_tensorcore, (ANY,))], f"{program.name} on cuda (Tensor Cores)")
     chosen = _resolve(program, knobs)
     check_knobs(block_size(program), feat_of(program), **chosen)
-    func = staged_for(program, chosen["n_tile"], chosen["stages"], async_copy=True)
+    func = staged_for(program, chosen["n_tile"], chosen["stages"], async_copy=True, k_split=chosen["k_split"])
     sch = s_tir.Schedule(func, enable_check=False)
     bsr_tensorcore(sch, program, **chosen)
     return sch, chosen
 
 
-def staged_for(program, n_tile: int, stages: int = 1, async_copy: bool = False):
+def staged_for(program, n_tile: int, stages: int = 1, async_copy: bool = False, k_split: int = 1):
     """``staged_spmm`` for ``program`` (a block SpMM): its block size, features, dtypes, its
     epilogue and its arguments in the order the generic kernel takes them."""
     parts = _spmm_parts(program)
@@ -94,7 +94,7 @@ def staged_for(program, n_tile: int, stages: int = 1, async_copy: bool = False):
     by_name = {b.name: b for b in program.buffers}
     return staged_spmm(block_size(program), feat_of(program), n_tile, program.dtype.sparse, stages, async_copy,
                        name=program.name, out_dtype=by_name[parts[2]].dtype, epilogue=epi,
-                       signature=Signature.of(program, parts), heads=heads_of(program))
+                       signature=Signature.of(program, parts), heads=heads_of(program), k_split=k_split)
 
 
 def is_block_spmm(program) -> bool:
@@ -247,16 +247,16 @@ def launch_smem_problem(dynamic: int, static: int) -> bool:
     return not (total <= LAUNCH_DEFAULT_SMEM or (dynamic >= LAUNCH_DEFAULT_SMEM and total <= MAX_SMEM))
 
 
-def smem_problem(bs: int, n_tile: int, stages: int) -> Optional[str]:
-    """Why the stages of A_s, B_s (dynamic) and the fp32 output tile (static) do not fit a
-    launch, or None."""
-    dynamic = max(stages, 1) * bs * (padded_row(bs, 32, 8) + padded_row(n_tile, 32, 8)) * 2
-    static = bs * n_tile * 4  # as ncu reports it for the template (the alignment adds no padding here)
+def smem_problem(bs: int, n_tile: int, stages: int, k_split: int = 1) -> Optional[str]:
+    """Why the stages of A_s, B_s (dynamic) and the fp32 output tiles (static), per group of
+    ``k_split``, do not fit a launch, or None."""
+    dynamic = k_split * max(stages, 1) * bs * (padded_row(bs, 32, 8) + padded_row(n_tile, 32, 8)) * 2
+    static = k_split * bs * n_tile * 4  # as ncu reports it for the template (the alignment adds no padding here)
     if not launch_smem_problem(dynamic, static):
         return None
-    return (f"bsr_tensorcore: {stages} stage(s) of {bs} x {bs} blocks and {bs} x {n_tile} tiles of B need "
-            f"{dynamic + static} bytes of shared memory, over what a launch gets; use fewer stages or a narrower "
-            "n_tile")
+    return (f"bsr_tensorcore: {k_split} group(s) of {stages} stage(s) of {bs} x {bs} blocks and {bs} x {n_tile} "
+            f"tiles of B need {dynamic + static} bytes of shared memory, over what a launch gets; use fewer stages, "
+            "fewer k_split groups or a narrower n_tile")
 
 
 def default_knobs(bs: int, feat: int) -> dict:
@@ -278,6 +278,7 @@ def default_knobs(bs: int, feat: int) -> dict:
     else:
         n_tile = 128 if feat % 128 == 0 else 64
         chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
+    chosen["k_split"] = 1
     while chosen["stages"] > 1 and smem_problem(bs, n_tile, chosen["stages"]):
         chosen["stages"] -= 1  # e.g. 64 x 64 blocks with 64 columns: 2 stages do not fit a launch
     return chosen
@@ -297,7 +298,7 @@ def vector_width(feat: int, widest: int) -> int:
 
 def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, async_copy: bool = False,
                 name: str = "spmm", out_dtype: str = "float32", epilogue: Optional[Epilogue] = None,
-                signature: Optional["Signature"] = None, heads: Optional[int] = None):
+                signature: Optional["Signature"] = None, heads: Optional[int] = None, k_split: int = 1):
     """The staged BSR SpMM PrimFunc (arguments as the generic kernel's: indptr, indices, A, B,
     C, n_io, rows, cols, or ``signature``'s order with its extra operands). Staging buffers
     are global; the schedule moves them on chip.
@@ -317,8 +318,15 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
     ``heads`` (an int): a multi-head SpMM (``tensorcore_heads``): A is (stored slots, heads),
     B (cols, heads, feat), C (rows, heads, feat), one thread block per (block row, head, N
     tile); with more than one head a head's A values are ``heads`` apart, so their gather is
-    synchronous."""
-    BS, F, NT, DT, S, OUT = bs, feat, n_tile, dtype, stages, out_dtype
+    synchronous.
+
+    ``k_split`` > 1 splits a block row's stored blocks over that many groups inside the
+    thread block: group g takes blocks g, g + k_split, ... with its own staging slots and
+    accumulator, and the store sums the groups' accumulators. Every group walks the same
+    number of steps (a group past the row's end gathers zeros), so the barriers stay
+    uniform. With few feature columns a row's walk is a chain of dependent gathers; the
+    groups put k_split of them in flight at once."""
+    BS, F, NT, DT, S, OUT, KS = bs, feat, n_tile, dtype, stages, out_dtype, k_split
     NJ = -(-F // NT)
     TAIL = F % NT != 0
     zero = T.Cast(DT, 0)
@@ -343,66 +351,71 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
                 vbj = T.meta_var(O.tile(vby))  # the N tile (the grid index itself with one head)
                 T.reads(indptr[0:n_io + 1], indices[0:nnz], O.whole(A), O.whole(B))
                 T.writes(O.c_tile(C, rows, vby, vbj * NT, T.min(vbj * NT + NT, F)))
-                A_s = T.sblock_alloc_buffer((S, BS, BS), DT)
-                B_s = T.sblock_alloc_buffer((S, BS, NT), DT)
-                acc = T.sblock_alloc_buffer((BS, NT), "float32")
-                C_s = T.sblock_alloc_buffer((BS, NT), "float32")
-                for i, j in T.grid(BS, NT):
+                A_s = T.sblock_alloc_buffer((KS, S, BS, BS), DT)
+                B_s = T.sblock_alloc_buffer((KS, S, BS, NT), DT)
+                acc = T.sblock_alloc_buffer((KS, BS, NT), "float32")
+                C_s = T.sblock_alloc_buffer((KS, BS, NT), "float32")
+                for g, i, j in T.grid(KS, BS, NT):
                     with T.sblock("acc_init"):
-                        vi, vj = T.axis.remap("SS", [i, j])
+                        vg, vi, vj = T.axis.remap("SSS", [g, i, j])
                         T.reads()
-                        T.writes(acc[vi, vj])
-                        acc[vi, vj] = T.float32(0)
+                        T.writes(acc[vg, vi, vj])
+                        acc[vg, vi, vj] = T.float32(0)
                 # a grid padded to one block row (n_io = 0) reads indptr[0] - indptr[0] = 0 blocks
                 start = T.int32(indptr[T.min(vbi, n_io)])
                 row_len = T.int32(indptr[T.min(vbi + 1, n_io)] - start)
-                for p in range(row_len + S - 1):
+                steps = T.meta_var(_steps(row_len, KS))  # every group's steps
+                for p in range(steps + S - 1):
                     with T.attr(0, "async_commit_queue_scope" if async_copy else "sparsec_copy", 0):
-                        if p < row_len:
+                        if p < steps:
                             with T.attr(0, "async_scope" if a_async else "sparsec_copy", 1):
-                                for i, k in T.grid(BS, BS):
+                                for g, i, k in T.grid(KS, BS, BS):
                                     with T.sblock("A_load"):
-                                        vp = T.axis.opaque(row_len + S - 1, p)
-                                        vi, vk = T.axis.remap("SS", [i, k])
-                                        T.reads(A[O.a_at(((start + vp) * BS + vi) * BS + vk, vby)])
-                                        T.writes(A_s[0:S, vi, vk])  # any slot: covers the product's reads
-                                        A_s[vp % S, vi, vk] = A[O.a_at(((start + vp) * BS + vi) * BS + vk, vby)]
+                                        vp = T.axis.opaque(steps + S - 1, p)
+                                        vg, vi, vk = T.axis.remap("SSS", [g, i, k])
+                                        a_at = T.meta_var(O.a_at(((start + _block(vp, vg, KS, row_len)) * BS + vi) * BS
+                                                                 + vk, vby))
+                                        T.reads(A[a_at])
+                                        T.writes(A_s[vg, 0:S, vi, vk])  # any slot: covers the product's reads
+                                        if KS == 1:
+                                            A_s[vg, vp % S, vi, vk] = A[a_at]
+                                        else:  # a group past the row's end gathers zeros
+                                            A_s[vg, vp % S, vi, vk] = T.if_then_else(vp * KS + vg < row_len, A[a_at],
+                                                                                     zero)
                             with T.attr(0, "async_scope" if b_async else "sparsec_copy", 1):
-                                for k, j in T.grid(BS, NT):
+                                for g, k, j in T.grid(KS, BS, NT):
                                     with T.sblock("B_load"):
-                                        vp = T.axis.opaque(row_len + S - 1, p)
-                                        vk, vj = T.axis.remap("SS", [k, j])
-                                        b_at = T.meta_var(O.dense_at(indices[start + vp] * BS + vk, vby, vbj * NT + vj))
-                                        T.reads(indices[start + vp], B[b_at])
-                                        T.writes(B_s[0:S, vk, vj])
-                                        if TAIL:  # columns past F read 0
-                                            B_s[vp % S, vk, vj] = T.if_then_else(
-                                                indices[start + vp] * BS + vk < cols and vbj * NT + vj < F,
-                                                B[b_at], zero)
-                                        else:
-                                            B_s[vp % S, vk, vj] = T.if_then_else(
-                                                indices[start + vp] * BS + vk < cols,
-                                                B[b_at], zero)
+                                        vp = T.axis.opaque(steps + S - 1, p)
+                                        vg, vk, vj = T.axis.remap("SSS", [g, k, j])
+                                        col = T.meta_var(indices[start + _block(vp, vg, KS, row_len)])
+                                        b_at = T.meta_var(O.dense_at(col * BS + vk, vby, vbj * NT + vj))
+                                        T.reads(indices[start + _block(vp, vg, KS, row_len)], B[b_at])
+                                        T.writes(B_s[vg, 0:S, vk, vj])
+                                        B_s[vg, vp % S, vk, vj] = T.if_then_else(
+                                            _b_in_range(col * BS + vk < cols, vp * KS + vg < row_len,
+                                                        vbj * NT + vj < F, KS, TAIL),
+                                            B[b_at], zero)  # rows past cols, columns past F read 0
                     if p >= S - 1:
-                        use = T.int32((p + 1) % S)  # the slot of block p - S + 1 (a let: affine for blockize)
+                        use = T.int32((p + 1) % S)  # the slot of step p - S + 1 (a let: affine for blockize)
                         with T.attr(0, "async_wait_queue_scope" if async_copy else "sparsec_wait", 0):
                             with T.attr(0, "async_wait_inflight_count" if async_copy else "sparsec_wait", S - 1):
                                 with T.sblock("step"):  # fragments of slot `use` are allocated in here
-                                    T.reads(acc[0:BS, 0:NT], A_s[use, 0:BS, 0:BS], B_s[use, 0:BS, 0:NT])
-                                    T.writes(acc[0:BS, 0:NT])
-                                    for i, j, k in T.grid(BS, NT, BS):
+                                    T.reads(acc[0:KS, 0:BS, 0:NT], A_s[0:KS, use, 0:BS, 0:BS],
+                                            B_s[0:KS, use, 0:BS, 0:NT])
+                                    T.writes(acc[0:KS, 0:BS, 0:NT])
+                                    for g, i, j, k in T.grid(KS, BS, NT, BS):
                                         with T.sblock("mma"):
-                                            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                                            T.reads(acc[vi, vj], A_s[use, vi, vk], B_s[use, vk, vj])
-                                            T.writes(acc[vi, vj])
-                                            acc[vi, vj] = acc[vi, vj] + T.Cast("float32", A_s[use, vi, vk]) * T.Cast(
-                                                "float32", B_s[use, vk, vj])
-                for i, j in T.grid(BS, NT):
+                                            vg, vi, vj, vk = T.axis.remap("SSSR", [g, i, j, k])
+                                            T.reads(acc[vg, vi, vj], A_s[vg, use, vi, vk], B_s[vg, use, vk, vj])
+                                            T.writes(acc[vg, vi, vj])
+                                            acc[vg, vi, vj] = acc[vg, vi, vj] + T.Cast(
+                                                "float32", A_s[vg, use, vi, vk]) * T.Cast("float32", B_s[vg, use, vk, vj])
+                for g, i, j in T.grid(KS, BS, NT):
                     with T.sblock("acc_out"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        T.reads(acc[vi, vj])
-                        T.writes(C_s[vi, vj])
-                        C_s[vi, vj] = acc[vi, vj]
+                        vg, vi, vj = T.axis.remap("SSS", [g, i, j])
+                        T.reads(acc[vg, vi, vj])
+                        T.writes(C_s[vg, vi, vj])
+                        C_s[vg, vi, vj] = acc[vg, vi, vj]
                 for i, j in T.grid(BS, NT):
                     with T.sblock("C_store"):
                         vi, vj = T.axis.remap("SS", [i, j])
@@ -410,13 +423,50 @@ def staged_spmm(bs: int, feat: int, n_tile: int, dtype: str, stages: int = 1, as
                             T.where(vbi * BS + i < rows and vbj * NT + j < F)
                         else:
                             T.where(vbi * BS + i < rows)
-                        T.reads(C_s[vi, vj])
+                        T.reads(C_s[0:KS, vi, vj])
                         T.writes(C[O.dense_at(vbi * BS + vi, vby, vbj * NT + vj)])
-                        C[O.dense_at(vbi * BS + vi, vby, vbj * NT + vj)] = T.Cast(OUT, C_s[vi, vj])
+                        C[O.dense_at(vbi * BS + vi, vby, vbj * NT + vj)] = T.Cast(OUT, _group_sum(C_s, vi, vj, KS))
 
     if epilogue is None and signature is None:
         return spmm
     return with_operands(spmm, signature, epilogue)
+
+
+def _steps(row_len, k_split: int):
+    """Steps of the walk over a row of ``row_len`` stored blocks with ``k_split`` groups."""
+    return row_len if k_split == 1 else (row_len + k_split - 1) // k_split
+
+
+def _block(step, group, k_split: int, row_len):
+    """The stored block (from the row's first) that ``group`` gathers at ``step``: its
+    (step * k_split + group)-th, held inside the row (a group past the end reads the row's
+    last block, whose values its predicate turns to zeros)."""
+    if k_split == 1:
+        return step
+    from tvm import tirx
+
+    return tirx.min(step * k_split + group, row_len - 1)
+
+
+def _b_in_range(row_ok, block_ok, col_ok, k_split: int, tail: bool):
+    """The predicate of a gathered element of B: its row inside the matrix, its block inside
+    the row (with k_split groups) and its column inside the features (a tail tile)."""
+    from tvm import tirx
+
+    cond = row_ok
+    if k_split > 1:
+        cond = tirx.And(block_ok, cond)
+    if tail:
+        cond = tirx.And(cond, col_ok)
+    return cond
+
+
+def _group_sum(C_s, vi, vj, k_split: int):
+    """The groups' accumulators of output element (vi, vj), summed (one group: its own)."""
+    total = C_s[0, vi, vj]
+    for g in range(1, k_split):
+        total = total + C_s[g, vi, vj]
+    return total
 
 
 def with_operands(func, signature: Optional[Signature], epilogue: Optional[Epilogue]):
@@ -524,17 +574,19 @@ def _register_bf16(cu) -> Dict[str, str]:
 # --------------------------------------------------------------------------- the schedule
 
 
-def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stages: int) -> int:
+def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stages: int, k_split: int = 1) -> int:
     """Validate a knob combination for blocks of ``bs``; returns the warps per thread block."""
     if warp_m > bs or bs % warp_m:
         raise ValueError(f"bsr_tensorcore: warp_m should divide the block size {bs}, got {warp_m}")
     if warp_n > n_tile or n_tile % warp_n:
         raise ValueError(f"bsr_tensorcore: warp_n should divide n_tile {n_tile}, got {warp_n}")
-    warps = (bs // warp_m) * (n_tile // warp_n)
+    if isinstance(k_split, bool) or not isinstance(k_split, int) or k_split < 1:
+        raise ValueError(f"bsr_tensorcore: k_split should be a positive int, got {k_split!r}")
+    warps = k_split * (bs // warp_m) * (n_tile // warp_n)
     if warps > MAX_WARPS:
-        raise ValueError(f"bsr_tensorcore: (bs/warp_m)*(n_tile/warp_n) should be at most {MAX_WARPS} warps, "
+        raise ValueError(f"bsr_tensorcore: k_split*(bs/warp_m)*(n_tile/warp_n) should be at most {MAX_WARPS} warps, "
                          f"got {warps}")
-    problem = smem_problem(bs, n_tile, stages)
+    problem = smem_problem(bs, n_tile, stages, k_split)
     if problem:
         raise ValueError(problem)
     return warps
@@ -558,27 +610,31 @@ def _prune(program, knobs):
     return None
 
 
-def warp_tiles(sch: s_tir.Schedule, blk, wm: int, fm: int, wn: int, fn: int, fw: int = 16):
+def warp_tiles(sch: s_tir.Schedule, blk, wm: int, fm: int, wn: int, fn: int, fw: int = 16, grouped: bool = False):
     """(i, j) of ``blk`` -> warps (threadIdx.y) x fragments x 16 x ``fw``; returns the
-    fragment loops' innermost."""
-    i, j = sch.get_loops(blk)[-2:]
+    fragment loops' innermost. ``grouped``: the loop before i is a group axis (``k_split``),
+    whose groups take further warps."""
+    loops = sch.get_loops(blk)
+    i, j = loops[-2:]
     i0, i1, i2 = sch.split(i, [wm, fm, 16])
     j0, j1, j2 = sch.split(j, [wn, fn, fw])
     sch.reorder(i0, j0, i1, j1, i2, j2)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    sch.bind(sch.fuse(*([loops[-3]] if grouped else []), i0, j0), "threadIdx.y")
     return i2
 
 
-def warp_mma(sch: s_tir.Schedule, mma, wm: int, fm: int, wn: int, fn: int, fw: int = 16):
+def warp_mma(sch: s_tir.Schedule, mma, wm: int, fm: int, wn: int, fn: int, fw: int = 16, grouped: bool = False):
     """The product block ``mma`` (i, j, k) -> warps (threadIdx.y), 16-deep k steps, fragments,
     16 x ``fw`` x 16 tiles blockized; returns the warp-scope copies of its two operands,
-    placed at the k step (to be laid out and tensorized by the caller)."""
-    i, j, k = sch.get_loops(mma)[-3:]
+    placed at the k step (to be laid out and tensorized by the caller). ``grouped`` as for
+    :func:`warp_tiles`."""
+    loops = sch.get_loops(mma)
+    i, j, k = loops[-3:]
     i0, i1, i2 = sch.split(i, [wm, fm, 16])
     j0, j1, j2 = sch.split(j, [wn, fn, fw])
     k0, k1 = sch.split(k, [None, 16])
     sch.reorder(i0, j0, k0, i1, j1, i2, j2, k1)
-    sch.bind(sch.fuse(i0, j0), "threadIdx.y")
+    sch.bind(sch.fuse(*([loops[-4]] if grouped else []), i0, j0), "threadIdx.y")
     tile_mma = sch.blockize(i2)
     a_w = sch.cache_read(tile_mma, 1, "warp")  # reads: acc, then the two operands
     b_w = sch.cache_read(tile_mma, 2, "warp")
@@ -591,19 +647,22 @@ def warp_mma(sch: s_tir.Schedule, mma, wm: int, fm: int, wn: int, fn: int, fw: i
 # the first choice alone would be pruned at few features), two warp tiles, three pipeline depths
 @transformation(knobs={"n_tile": Knob(N_TILES, small=N_TILES), "warp_m": Knob((32, 16, 64), small=(32, 16)),
                        "warp_n": Knob((32, 16, 64, 8), small=(32, 16, 8)),
-                       "stages": Knob((2, 1, 3, 4, 6, 8), small=(2, 4, 8))},
+                       "stages": Knob((2, 1, 3, 4, 6, 8), small=(2, 4, 8)),
+                       "k_split": Knob((1, 2, 4, 8), small=(1, 2, 4))},
                 resolve=_resolve, prune=_prune)
-def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int):
+def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int,
+                   k_split: int = 1):
     """Schedule ``staged_spmm`` onto Tensor Cores (see the module docstring).
 
     Requires: ``sch`` holds ``staged_spmm(bs, feat, n_tile, dtype)``.
     Before: tile(bi, bj): acc = 0; for p: A_s = ..; B_s = ..; acc += A_s @ B_s;  C = acc
             (bj: heads x N tiles for a multi-head SpMM, ``tensorcore_heads``)
-    After:  bx = bi, by = bj, ty = warps, tx = lanes;  acc in mma fragments;
+    After:  bx = bi, by = bj, ty = k_split groups x warps, tx = lanes;  acc in mma fragments;
             for p (pipelined, cp.async): ldmatrix -> mma.sync per 16-deep step;  C via shared
+            (the groups' tiles summed)
     """
     bs, feat = block_size(program), feat_of(program)
-    warps = check_knobs(bs, feat, n_tile, warp_m, warp_n, stages)
+    warps = check_knobs(bs, feat, n_tile, warp_m, warp_n, stages, k_split)
     names = intrinsics(program.dtype.sparse)
     from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as layout
 
@@ -617,14 +676,14 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     else:
         c_layout = b_layout = layout
 
-    def frag(i, j):
-        return (i // 16, j // fw, *c_layout(i % 16, j % fw))
+    def frag(g, i, j):
+        return (g, i // 16, j // fw, *c_layout(i % 16, j % fw))
 
-    def slot_frag(s, i, j):
-        return (s, i // 16, j // 16, *layout(i % 16, j % 16))
+    def slot_frag(g, s, i, j):
+        return (g, s, i // 16, j // 16, *layout(i % 16, j % 16))
 
-    def slot_frag_b(s, k, j):
-        return (s, k // 16, j // fw, *b_layout(k % 16, j % fw))
+    def slot_frag_b(g, s, k, j):
+        return (g, s, k // 16, j // fw, *b_layout(k % 16, j % fw))
 
     tile = sch.get_sblock("tile")
     bi, bj = sch.get_loops(tile)
@@ -640,15 +699,15 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     sch.set_scope(sch.get_sblock("acc_init"), 0, "warp")
 
     # mma: (i, j, k) -> ty (warps), k steps, fragments, 16 x fw x 16 tiles
-    a_w, b_w = warp_mma(sch, mma, wm, fm, wn, fn, fw)  # reads: acc, A_s, B_s
+    a_w, b_w = warp_mma(sch, mma, wm, fm, wn, fn, fw, grouped=True)  # reads: acc, A_s, B_s
 
-    # acc_init and the accumulators' way out (fragments -> shared -> C)
+    # acc_init and the accumulators' way out (fragments -> shared -> C, the groups summed)
     init = sch.get_sblock("acc_init")
-    warp_tiles(sch, init, wm, fm, wn, fn, fw)
+    warp_tiles(sch, init, wm, fm, wn, fn, fw, grouped=True)
     store = sch.get_sblock("C_store")
     acc_s = sch.get_sblock("acc_out")
     sch.set_scope(acc_s, 0, "shared")
-    warp_tiles(sch, acc_s, wm, fm, wn, fn, fw)
+    warp_tiles(sch, acc_s, wm, fm, wn, fn, fw, grouped=True)
     # C (and the epilogue's operands) in vectors that divide a row: a tail tile never crosses it
     i, j = sch.get_loops(store)[-2:]
     _, ty, tx, vec = sch.split(sch.fuse(i, j), [None, warps, WARP, vector_width(feat, 4)])
@@ -661,7 +720,7 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     a_width = 8 if Operands(heads_of(program)).contiguous_values else 1
     for name, width in (("A_load", a_width), ("B_load", vector_width(feat, 8))):
         blk = sch.get_sblock(name)
-        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-2:]), [None, warps, WARP, width])
+        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-3:]), [None, warps, WARP, width])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
