@@ -146,15 +146,22 @@ def check_correctness(rng, rows_out):
                                  "tensor_core": tc, "err": err, "ok": ok})
                 print(f"{'ok ' if ok else 'BAD'} {spec:<16} {name:<22} {rows}x{cols} feat={feat:<4} "
                       f"tc={tc} err={err:.2e}", flush=True)
-    for spec in FLOAT_SPECS:  # a kernel compiled for one matrix, run on another of its format (any-size body)
+    for spec in FLOAT_SPECS + INT_SPECS:  # a kernel compiled for one matrix, run on another (any-size body)
         (r1, c1, feat), (r2, c2, _) = SHAPES[1], SHAPES[3]
         k = sparsec.compile("spmm", matrix(spec, r1, c1, rng), target="cuda", feat=feat)
         A = matrix(spec, r2, c2, rng)
-        B = torch.from_numpy(rng.standard_normal((c2, feat)).astype(np.float16)).cuda()
+        if spec.startswith("srbcrs"):
+            B = torch.from_numpy(rng.integers(-20, 20, (c2, feat)).astype(np.int8)).cuda()
+        else:
+            B = torch.from_numpy(rng.standard_normal((c2, feat)).astype(np.float16)).cuda()
         out = k(A, B, poison=True).cpu().numpy().astype(np.float64)
         ref = reference(A, B.cpu().numpy())
-        err = float(np.nanmax(np.abs(out - ref) / (np.abs(ref) + 1.0)))
-        ok = bool(np.isfinite(out).all()) and err <= 1e-2
+        if spec.startswith("srbcrs"):
+            err = float(np.abs(out - ref).max())
+            ok = err == 0.0
+        else:
+            err = float(np.nanmax(np.abs(out - ref) / (np.abs(ref) + 1.0)))
+            ok = bool(np.isfinite(out).all()) and err <= 1e-2
         ok_all &= ok
         rows_out.append({"spec": spec, "op": "spmm (compiled for another matrix)", "rows": r2, "cols": c2,
                          "feat": feat, "tensor_core": True, "err": err, "ok": ok})

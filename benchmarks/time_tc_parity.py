@@ -1,8 +1,10 @@
 """Where the compiled packed Tensor Core SpMM loses to the hand-written kernel: the kernel
 built for one matrix size (M, K known at build time) against the kernel built for any size
-(``M = K = None``, what ``sparsec.compile`` builds), each with the committed run's best knobs
-and with the compiler's default knobs, and the compiled kernel itself, timed side by side
-in one process (TVM's time evaluator, median of 5 x 50 runs after a warm-up).
+(``M = K = None``, what ``sparsec.compile`` builds for a format spec), each with the committed
+run's best knobs and with the compiler's default knobs, and the compiled kernel itself
+(``sparsec.compile`` for the matrix: the any-size kernel carrying the body sized for it, float
+and int8 alike), timed side by side in one process (TVM's time evaluator, median of 5 x 50
+runs after a warm-up).
 
     python3 benchmarks/time_tc_parity.py [--cases N] [--out FILE]   (JSON also to $OUT)
 """

@@ -43,7 +43,7 @@ def check(M, K, N: int, vec: int, out_dtype: str, n_bytes: int, warps: int):
 
 
 def spmm_srbcrs_int8(M, K, N: int, vec: int, *, out_dtype: str = "int32", n_bytes: int = 16,
-                     warps: int = 4, name: str = "srbcrs_spmm"):
+                     warps: int = 4, name: str = "srbcrs_spmm", fast_for=None):
     """PrimFunc ``srbcrs_spmm(indptr, indices, values, B, C[, row_scale, b_scale])`` over an
     ``srbcrs:v{vec},int8`` instance's arrays: ``indptr``, ``indices`` (int32) and ``data``
     passed as uint32 words (``data.view(np.uint32)``). Whatever the arrays hold, every read
@@ -52,21 +52,107 @@ def spmm_srbcrs_int8(M, K, N: int, vec: int, *, out_dtype: str = "int32", n_byte
     ``M = K = None`` gives a kernel for any size (what ``sparsec.compile`` builds for the
     format): M, K and the vector rows are read from C, B and ``indptr`` when it is called,
     and ``data`` is passed as the instance holds it (int8), read a word at a time all the
-    same. ``name`` is the kernel's symbol."""
+    same. ``name`` is the kernel's symbol.
+
+    ``fast_for = (M, K)`` with ``M = K = None``: the any-size kernel also carries the body
+    built for that one size (M, K, the vector rows and the grid constants; the row checks
+    that constants make unneeded gone) and runs it when the operands have that size, e.g.
+    the matrix a kernel is compiled for; every other matrix runs the any-size body."""
     from tvm.script import tirx as T
 
     check(M, K, N, vec, out_dtype, n_bytes, warps)
-    V, w = vec, n_bytes
-    tiles, groups = w // 2, w // 4  # MMA tiles per warp; 4-byte groups per slot row
+    if fast_for is not None:
+        check_fast_for(fast_for)
+    V = vec
     dynamic = M is None
     if dynamic:
         from tvm import tirx
 
         M, K, ip_len = tirx.Var("M", "int32"), tirx.Var("K", "int32"), tirx.Var("vector_rows_1", "int32")
-        m_vec = ip_len - 1
     else:
-        m_vec = -(-M // V)
-        ip_len = m_vec + 1
+        ip_len = -(-M // V) + 1
+    scaled = out_dtype != "int32"
+
+    def body_for(M, K, ip_len):
+        return _body(M, K, ip_len - 1, N, V, out_dtype=out_dtype, n_bytes=n_bytes, warps=warps)
+
+    body = body_for(M, K, ip_len)
+    if dynamic and fast_for is not None:
+        sized = (fast_for[0], fast_for[1], -(-fast_for[0] // V) + 1)  # M, K, indptr's length
+        body = _sized(body, body_for(*sized), (M, K, ip_len), sized, N, out_dtype)
+
+    @T.macro
+    def operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale):
+        slots = T.int32()
+        IP = T.match_buffer(indptr_h, (ip_len,), "int32")
+        IX = T.match_buffer(indices_h, (slots,), "int32")
+        # int8 values, read a word at a time: as words (uint32), or as the instance holds them
+        Dv = T.match_buffer(values_h, (slots * V,) if dynamic else (slots * V // 4,), "int8" if dynamic else "uint32")
+        B = T.match_buffer(b_h, (K, N), "int8")
+        C = T.match_buffer(c_h, (M, N), out_dtype)
+        if scaled:
+            RS = T.match_buffer(scale_h, (M,), "float32")
+            body(IP, IX, Dv, B, C, RS, b_scale)
+        else:
+            body(IP, IX, Dv, B, C, None, None)
+
+    if scaled:
+        @T.prim_func(s_tir=True)
+        def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle,
+                        c_h: T.handle, scale_h: T.handle, b_scale: T.float32):
+            T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
+            operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale)
+        return srbcrs_spmm.with_attr("global_symbol", name)
+
+    @T.prim_func(s_tir=True)
+    def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle, c_h: T.handle):
+        T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
+        operands_of(indptr_h, indices_h, values_h, b_h, c_h, None, None)
+    return srbcrs_spmm.with_attr("global_symbol", name)
+
+
+def check_fast_for(fast_for):
+    """``fast_for`` a pair of positive ints (M, K), else ValueError naming it."""
+    if not isinstance(fast_for, (tuple, list)) or len(fast_for) != 2:
+        raise ValueError(f"fast_for should be the (M, K) of the matrix to carry a sized body for, got {fast_for!r}")
+    check_sizes(**{"fast_for M": fast_for[0], "fast_for K": fast_for[1]})
+
+
+def _sized(body, fast_body, sizes, fast_sizes, N: int, out_dtype: str):
+    """``body`` (any size), with ``fast_body`` beside it: run when the operands' (M, K,
+    indptr length) are ``fast_sizes``, on views of them with those constant shapes."""
+    from tvm.script import tirx as T
+
+    (M, K, ip_len), (Mf, Kf, ip_f) = sizes, fast_sizes
+    same = T.And(T.And(M == Mf, K == Kf), ip_len == ip_f)
+    scaled = out_dtype != "int32"
+
+    # the choice is a host loop run once or not at all, as tc_pipeline's: TVM plans a kernel's
+    # barriers itself and refuses to plan them under a condition
+    @T.macro
+    def dispatch(IP, IX, Dv, B, C, RS, bs):
+        for _ in range(T.Cast("int32", same)):
+            IPf = T.decl_buffer((ip_f,), "int32", data=IP.data)
+            Bf = T.decl_buffer((Kf, N), "int8", data=B.data)
+            Cf = T.decl_buffer((Mf, N), out_dtype, data=C.data)
+            if scaled:
+                RSf = T.decl_buffer((Mf,), "float32", data=RS.data)
+                fast_body(IPf, IX, Dv, Bf, Cf, RSf, bs)
+            else:
+                fast_body(IPf, IX, Dv, Bf, Cf, None, None)
+        for _ in range(1 - T.Cast("int32", same)):
+            body(IP, IX, Dv, B, C, RS, bs)
+
+    return dispatch
+
+
+def _body(M, K, m_vec, N: int, V: int, *, out_dtype: str, n_bytes: int, warps: int):
+    """The macro of the whole kernel launch for sizes ``M``, ``K`` and ``m_vec`` vector rows
+    (constants, or variables of the any-size kernel): its grid, registers, K walk and stores."""
+    from tvm.script import tirx as T
+
+    w = n_bytes
+    tiles, groups = w // 2, w // 4  # MMA tiles per warp; 4-byte groups per slot row
     per_warp = 8 * w
     grid_n = -(-N // (per_warp * warps))
     full = N % (per_warp * warps) == 0  # every column a lane touches is in range
@@ -178,34 +264,7 @@ def spmm_srbcrs_int8(M, K, N: int, vec: int, *, out_dtype: str = "int32", n_byte
             if T.And(tx % 4 * 2 + v2 < V, by * V + tx % 4 * 2 + v2 < M):
                 store(C, acc_s32, out, RS, bs, by * V + tx % 4 * 2 + v2, v2, n0)
 
-    @T.macro
-    def operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale):
-        slots = T.int32()
-        IP = T.match_buffer(indptr_h, (ip_len,), "int32")
-        IX = T.match_buffer(indices_h, (slots,), "int32")
-        # int8 values, read a word at a time: as words (uint32), or as the instance holds them
-        Dv = T.match_buffer(values_h, (slots * V,) if dynamic else (slots * V // 4,), "int8" if dynamic else "uint32")
-        B = T.match_buffer(b_h, (K, N), "int8")
-        C = T.match_buffer(c_h, (M, N), out_dtype)
-        if scaled:
-            RS = T.match_buffer(scale_h, (M,), "float32")
-            body(IP, IX, Dv, B, C, RS, b_scale)
-        else:
-            body(IP, IX, Dv, B, C, None, None)
-
-    if scaled:
-        @T.prim_func(s_tir=True)
-        def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle,
-                        c_h: T.handle, scale_h: T.handle, b_scale: T.float32):
-            T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
-            operands_of(indptr_h, indices_h, values_h, b_h, c_h, scale_h, b_scale)
-        return srbcrs_spmm.with_attr("global_symbol", name)
-
-    @T.prim_func(s_tir=True)
-    def srbcrs_spmm(indptr_h: T.handle, indices_h: T.handle, values_h: T.handle, b_h: T.handle, c_h: T.handle):
-        T.func_attr({"global_symbol": "srbcrs_spmm", "tirx.noalias": True})
-        operands_of(indptr_h, indices_h, values_h, b_h, c_h, None, None)
-    return srbcrs_spmm.with_attr("global_symbol", name)
+    return body
 
 
 def build(M: int, K: int, N: int, vec: int, *, arch: str = "sm_90a", **knobs):

@@ -17,9 +17,11 @@ through ``formats.registry``), for the program's value dtype on CUDA:
 * ``srbcrs_int8`` -> ``srbcrs_tensorcore`` (the instance's own indptr, indices, int8 values).
 
 Both kernels are built for any matrix size (M and K are read from the operands), so a kernel
-compiled for a format spec runs on every matrix converted with it. The packed operands are
-named here (:data:`OPERANDS`); the kernel layer (``sparsec.tc_operands``) produces them from
-an instance. The knobs of both kernels are declared once, below, as transformations.
+compiled for a format spec runs on every matrix converted with it; compiled for a converted
+matrix, it also carries a body sized for that matrix, run when the operands have its size.
+The packed operands are named here (:data:`OPERANDS`); the kernel layer
+(``sparsec.tc_operands``) produces them from an instance. The knobs of both kernels are
+declared once, below, as transformations.
 """
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ class PackedSpmm:
     bias_axis: str = "row"  # bias[i] ("row") or bias[k] ("col")
     bias_dtype: str = ""  # the bias operand's dtype
     kc: Optional[int] = None  # gather: the matrix's gathered row length, when compiled for one
-    # (rows, cols, kc) of the matrix compiled for: the pipelined kernel carries a body sized for it
+    # (rows, cols, kc; kc is 0 but in gather mode) of the matrix compiled for: the kernel carries a
+    # body sized for it
     sized_for: Optional[Tuple[int, int, int]] = None
 
 
@@ -65,8 +68,9 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None.
     ``kc``: the gathered row length of the matrix a kernel is compiled for (it picks the
     pipeline's depth, :func:`default_pipeline_knobs`); ``shape``: that matrix's (rows, cols),
-    for which the pipelined kernel carries a sized body (``tc_pipeline.spmm``'s
-    ``fast_for``). The kernel still runs on any matrix of the format."""
+    for which the kernel carries a sized body (``tc_pipeline.spmm``'s and
+    ``srbcrs_tensorcore.spmm_srbcrs_int8``'s ``fast_for``). The kernel still runs on any
+    matrix of the format."""
     from sparsec.formats.registry import tensor_core_layout
 
     if target_kind != "cuda" or program.bound.composite or len(program.bound.parts) != 1:
@@ -90,7 +94,7 @@ def match(program, target_kind: str, kc: Optional[int] = None,
         return None  # ldmatrix.x4.trans takes two 8-column tiles of B at once
     vec = int(fmt.param("vec", 1))
     sized = None
-    if shape is not None and layout != "srbcrs_int8" and (layout == "sp24" or kc):
+    if shape is not None and (layout != "gather" or kc):
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
                       transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized)
@@ -310,12 +314,15 @@ _SRBCRS_SMALL = {"n_bytes": (16, 8), "warps": (4, 2, 8)}  # the tuner's small sp
                 resolve=_srbcrs_resolve,
                 prune=_srbcrs_prune)
 def srbcrs_int8_spmm(built, program, *, n_bytes: int, warps: int):
-    """Build ``schedules.srbcrs_tensorcore``'s int8 kernel for ``program`` into ``built.mod``."""
+    """Build ``schedules.srbcrs_tensorcore``'s int8 kernel for ``program`` into ``built.mod``:
+    any matrix size (and a body sized for the matrix compiled for, ``built.sized_for``, when
+    there is one)."""
     from tvm import IRModule
 
     m = match(program, "cuda")
+    sized = built.sized_for[:2] if built.sized_for else None
     func = srbcrs_tc.spmm_srbcrs_int8(None, None, m.feat, m.vec, out_dtype="int32", n_bytes=n_bytes, warps=warps,
-                                      name=program.name)
+                                      name=program.name, fast_for=sized)
     built.mod = IRModule({program.name: func})
 
 

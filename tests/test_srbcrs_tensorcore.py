@@ -112,3 +112,35 @@ def test_out_of_range_columns_are_clamped_into_b_not_read_past_it():
     fixed[real] = 39
     want = stc.emulate(inst.arrays["indptr"], fixed, inst.data, b, 16, 8)
     assert np.array_equal(got, want)
+
+
+def test_any_size_kernel_carries_a_body_sized_for_one_matrix():
+    """``fast_for=(M, K)``: beside the any-size body (grid and bounds read from the operands)
+    the kernel holds the hand-built one for that size (constant grid, M and K), chosen on the
+    host by the operands' sizes; the arguments are the any-size kernel's, and both bodies
+    compile with the scaling epilogue."""
+    from sparsec.schedules.warp_mma import compile_for
+
+    general = stc.spmm_srbcrs_int8(None, None, 16, 8, out_dtype="float32")
+    sized = stc.spmm_srbcrs_int8(None, None, 16, 8, out_dtype="float32", fast_for=(21, 40))
+    script = sized.script()
+    assert script.count('range(T.Cast("int32", M == 21 and K == 40 and vector_rows_1 == 4))') == 1
+    assert 'range(1 - T.Cast("int32", M == 21 and K == 40 and vector_rows_1 == 4))' in script
+    assert 'T.launch_thread("blockIdx.y", 3)' in script  # 21 rows: 3 vector rows of 8
+    assert 'T.launch_thread("blockIdx.y", vector_rows_1 - 1)' in script
+    assert "== 21" not in general.script()
+    def signature(f):  # the arguments, their dtypes and shapes
+        return next(line for line in f.script().splitlines() if line.startswith("def srbcrs_spmm("))
+    assert signature(sized) == signature(general) and 'Dv: T.Buffer((slots * 8,), "int8")' in signature(sized)
+    src = cuda_source(compile_for(sized, "sm_90a"))
+    fast_kernel = src[src.index("srbcrs_spmm_kernel("):src.index("srbcrs_spmm_kernel_1(")]
+    assert "int M" not in fast_kernel and "int K" not in fast_kernel
+    assert nvcc_ptx(src, "sm_90a").count(INSTR) == 2 * 8  # two bodies, 8 m16 tiles per warp each
+
+
+@pytest.mark.parametrize("fast_for, match", [((21,), r"fast_for should be the \(M, K\)"),
+                                              ((0, 40), "fast_for M should be a positive int"),
+                                              ("21x40", r"fast_for should be the \(M, K\)")])
+def test_bad_fast_for_names_the_problem(fast_for, match):
+    with pytest.raises(ValueError, match=match):
+        stc.spmm_srbcrs_int8(None, None, 16, 8, fast_for=fast_for)
