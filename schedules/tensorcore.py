@@ -278,9 +278,15 @@ def default_knobs(bs: int, feat: int) -> dict:
     else:
         n_tile = 128 if feat % 128 == 0 else 64
         chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
-    chosen["k_split"] = 1
-    while chosen["stages"] > 1 and smem_problem(bs, n_tile, chosen["stages"]):
-        chosen["stages"] -= 1  # e.g. 64 x 64 blocks with 64 columns: 2 stages do not fit a launch
+    warps = (bs // chosen["warp_m"]) * (n_tile // chosen["warp_n"])
+    chosen["k_split"] = max(1, 4 // warps) if feat <= 64 else 1  # few columns: groups put more gathers in flight
+    while smem_problem(bs, n_tile, chosen["stages"], chosen["k_split"]):
+        if chosen["stages"] > 1:
+            chosen["stages"] -= 1  # e.g. 64 x 64 blocks with 64 columns: 2 stages do not fit a launch
+        elif chosen["k_split"] > 1:
+            chosen["k_split"] //= 2
+        else:
+            break
     return chosen
 
 

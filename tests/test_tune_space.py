@@ -107,6 +107,6 @@ def test_bsr_takes_only_the_knobs_that_act_on_blocks():
     assert generic and all(set(c["schedule_knobs"]) <= {"rows_per_block", "vec", "feat_tiles"} for c in generic)
     half = Space("spmm", m, 128, "float16", families=["bsr"])
     tc = [c for c in half.candidates if c["format"] == "bsr:16x16"]
-    assert tc and all(set(c["schedule_knobs"]) == {"n_tile", "warp_m", "warp_n", "stages"} for c in tc)
+    assert tc and all(set(c["schedule_knobs"]) == {"n_tile", "warp_m", "warp_n", "stages", "k_split"} for c in tc)
     assert all(c["schedule_knobs"]["warp_m"] <= 16 for c in tc)
     assert any("bsr_tensorcore" in why for why in half.pruned)
