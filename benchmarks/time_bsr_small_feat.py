@@ -131,6 +131,9 @@ def main():
                     if not ok:
                         print(f"BAD sweep {name} feat={feat} {knobs}", flush=True)
                 print(f"sweep b={b} feat={feat} {knobs} done", flush=True)
+                if os.environ.get("OUT"):  # kept as it goes: a run cut short still leaves what it measured
+                    Path(os.environ["OUT"], "bsr_small_feat_partial.json").write_text(
+                        json.dumps({"rows": rows, "sweep": sweep}))
         best = {}
         for r in sweep:
             key = (r["case"], r["feat"])

@@ -726,7 +726,12 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     a_width = 8 if Operands(heads_of(program)).contiguous_values else 1
     for name, width in (("A_load", a_width), ("B_load", vector_width(feat, 8))):
         blk = sch.get_sblock(name)
-        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(blk)[-3:]), [None, warps, WARP, width])
+        g, i, k = sch.get_loops(blk)[-3:]
+        per_group = bs * (bs if name == "A_load" else n_tile)
+        # whole rounds of every thread per group: the group loop stays outside (a vector then
+        # never needs the group from its own index, which TVM cannot always prove constant)
+        spread = sch.fuse(i, k) if k_split > 1 and per_group % (warps * WARP * width) == 0 else sch.fuse(g, i, k)
+        _, ty, tx, vec = sch.split(spread, [None, warps, WARP, width])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
