@@ -68,7 +68,13 @@ def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
     do not decide it (a knob the template cannot take is refused by :func:`schedule`)."""
     if target_kind != "cuda" or program.dtype.sparse not in DTYPES:
         return False
-    return is_block_spmm(program) and block_size(program) is not None and feat_of(program) >= 1
+    if not (is_block_spmm(program) and block_size(program) is not None and feat_of(program) >= 1):
+        return False
+    try:  # blocks so large that no default fits a thread block (e.g. 224 x 224) take the generic template
+        check_knobs(block_size(program), feat_of(program), **default_knobs(block_size(program), feat_of(program)))
+    except ValueError:
+        return False
+    return True
 
 
 def schedule(program, **knobs):
@@ -260,31 +266,41 @@ def smem_problem(bs: int, n_tile: int, stages: int, k_split: int = 1) -> Optiona
 
 
 def default_knobs(bs: int, feat: int) -> dict:
-    """The N tile that fits the features (8, 16 or 32 columns for few features; else 128
-    where it divides them, 64 otherwise), 1 to 4 warps and 4 stages for narrow tiles; 4
-    warps for blocks of 16 and 32 and 8 for 64 with wide tiles. Not measured on a GPU for
-    the narrow tiles yet: ``sparsec tune`` searches them (``bsr_tensorcore``'s knobs)."""
-    if feat <= 32:  # few features: a short product per block, so a deep pipeline hides the gathers' latency
-        n_tile = 8 if feat <= 8 else 16 if feat <= 16 else 32
-        warp_n = min(n_tile, 16)
-        warp_m = 16 if bs <= 32 else 32
-        chosen = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": warp_n, "stages": 4}
+    """Up to 64 feature columns, narrow N tiles (16 columns; 8 for blocks of 64 with at most
+    16) and ``k_split`` groups up to 8 warps a thread block: a block row's walk is then
+    short and its gathers in flight at once, which is what decides a product this small
+    (the best geomean of each block size's knob sweep against dense cuBLAS on the H100:
+    ``benchmarks/time_bsr_small_feat.py --sweep``). Wider: the N tile that fits (128 where
+    it divides the features, 64 otherwise), 4 warps for blocks of 16 and 32 and 8 for 64,
+    one group. Stages, then groups, step down until the shared memory fits a launch."""
+    if feat <= 64:
+        n_tile = 8 if feat <= 8 or (bs >= 64 and feat <= 16) else 16
+        warp_m = 32 if feat <= 16 and bs % 32 == 0 else 16
+        chosen = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": min(n_tile, 16),
+                  "stages": 4 if bs == 16 and feat <= 16 else 2}
+        chosen["k_split"] = max(1, 8 // (bs // warp_m))
     elif bs == 16:
         n_tile = 128 if feat % 128 == 0 else 64
-        chosen = {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3}
+        chosen = {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3, "k_split": 1}
     elif bs == 32:
         n_tile = 128 if feat % 128 == 0 else 64
-        chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32 if n_tile == 128 else 16, "stages": 2}
+        chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32 if n_tile == 128 else 16, "stages": 2, "k_split": 1}
     else:
         n_tile = 128 if feat % 128 == 0 else 64
-        chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32, "stages": 2}
-    warps = (bs // chosen["warp_m"]) * (n_tile // chosen["warp_n"])
-    chosen["k_split"] = max(1, 4 // warps) if feat <= 64 else 1  # few columns: groups put more gathers in flight
-    while smem_problem(bs, n_tile, chosen["stages"], chosen["k_split"]):
-        if chosen["stages"] > 1:
-            chosen["stages"] -= 1  # e.g. 64 x 64 blocks with 64 columns: 2 stages do not fit a launch
+        chosen = {"n_tile": n_tile, "warp_m": 32 if bs % 32 == 0 else 16, "warp_n": 32, "stages": 2, "k_split": 1}
+    while smem_problem(bs, chosen["n_tile"], chosen["stages"], chosen["k_split"]) or \
+            chosen["k_split"] * (bs // chosen["warp_m"]) * (chosen["n_tile"] // chosen["warp_n"]) > MAX_WARPS:
+        if (bs // chosen["warp_m"]) * (chosen["n_tile"] // chosen["warp_n"]) > MAX_WARPS:  # large blocks
+            if chosen["warp_n"] * 2 <= min(chosen["n_tile"], 64):
+                chosen["warp_n"] *= 2
+            elif chosen["warp_m"] * 2 <= 64 and bs % (chosen["warp_m"] * 2) == 0:
+                chosen["warp_m"] *= 2
+            else:
+                break
         elif chosen["k_split"] > 1:
             chosen["k_split"] //= 2
+        elif chosen["stages"] > 1:
+            chosen["stages"] -= 1  # e.g. 64 x 64 blocks with 64 columns: 2 stages do not fit a launch
         else:
             break
     return chosen
