@@ -93,7 +93,7 @@ def reference(A, B, bias=None):
     return c
 
 
-def check_correctness(rng, rows_out):
+def check_correctness(rng, rows_out, suites=("nm", "int8")):
     import torch
 
     import sparsec
@@ -103,7 +103,8 @@ def check_correctness(rng, rows_out):
     ok_all = True
     user = spmm_row_bias_relu()
     linear = linear_ops()
-    for spec in FLOAT_SPECS + INT_SPECS:
+    specs = (FLOAT_SPECS if "nm" in suites else ()) + (INT_SPECS if "int8" in suites else ())
+    for spec in specs:
         for rows, cols, feat in SHAPES:
             A = matrix(spec, rows, cols, rng)
             integer = spec.startswith("srbcrs")
@@ -146,7 +147,7 @@ def check_correctness(rng, rows_out):
                                  "tensor_core": tc, "err": err, "ok": ok})
                 print(f"{'ok ' if ok else 'BAD'} {spec:<16} {name:<22} {rows}x{cols} feat={feat:<4} "
                       f"tc={tc} err={err:.2e}", flush=True)
-    for spec in FLOAT_SPECS + INT_SPECS:  # a kernel compiled for one matrix, run on another (any-size body)
+    for spec in specs:  # a kernel compiled for one matrix, run on another (any-size body)
         (r1, c1, feat), (r2, c2, _) = SHAPES[1], SHAPES[3]
         k = sparsec.compile("spmm", matrix(spec, r1, c1, rng), target="cuda", feat=feat)
         A = matrix(spec, r2, c2, rng)
@@ -251,11 +252,12 @@ def main():
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-checks", action="store_true", help="the speed part alone")
     ap.add_argument("--suites", nargs="+", choices=("nm", "int8"), default=["nm", "int8"],
-                    help="which committed suites the speed part times")
+                    help="which formats the checks cover (nm: the float ones, int8: srbcrs) and which "
+                         "committed suites the speed part times")
     args = ap.parse_args()
     rng = np.random.default_rng(23)
     checks, speed = [], []
-    ok = True if args.skip_checks else check_correctness(rng, checks)
+    ok = True if args.skip_checks else check_correctness(rng, checks, args.suites)
     if not args.skip_speed:
         if "nm" in args.suites:
             speed_nm(rng, args.quick, speed)
