@@ -293,8 +293,20 @@ def tc_pipeline_spmm(built, program, **knobs):
     built.mod = IRModule({program.name: func})
 
 
+def srbcrs_default_knobs(feat: int, vec: int) -> dict:
+    """The int8 kernel's knobs when none are given: 8 bytes of B a lane and 8 warps a block,
+    save 16 bytes and 4 warps for very wide B (8192 columns) with vectors of 2 or 4 -- the
+    best knob set per width and vector length of the committed H200 run
+    (``results/lowprec_int8_H200.json``: 8/8 won 180 of its 216 cases below 8192 columns,
+    16/4 42 of the 48 V = 2, 4 cases at 8192)."""
+    if feat >= 8192 and vec <= 4:
+        return {"n_bytes": 16, "warps": 4}
+    return {"n_bytes": 8, "warps": 8}
+
+
 def _srbcrs_resolve(program, knobs) -> dict:
-    return {**{k: v[0] for k, v in srbcrs_tc.KNOBS.items()}, **knobs}
+    m = match(program, "cuda")
+    return {**srbcrs_default_knobs(m.feat, m.vec), **knobs}
 
 
 def _srbcrs_prune(program, knobs) -> Optional[str]:

@@ -32,17 +32,21 @@ def block_matrix(bs, mb, kb, rows, cols, seed, density=0.5, dtype=np.float16):
 # ------------------------------------------------------------------- staged semantics (CPU)
 
 
-@pytest.mark.parametrize("bs,feat,n_tile,stages", [(16, 64, 64, 1), (32, 128, 64, 2), (16, 128, 128, 3),
-                                                   (64, 64, 64, 2)])
-def test_staged_operator_matches_float64(bs, feat, n_tile, stages):
+@pytest.mark.parametrize("bs,feat,n_tile,stages,k_split", [(16, 64, 64, 1, 1), (32, 128, 64, 2, 1),
+                                                           (16, 128, 128, 3, 1), (64, 64, 64, 2, 1),
+                                                           (16, 16, 16, 2, 4), (32, 40, 16, 3, 3),
+                                                           (16, 24, 16, 1, 8)])
+def test_staged_operator_matches_float64(bs, feat, n_tile, stages, k_split):
     """Edge blocks (rows and cols not multiples of bs), an empty block row (its outputs are
-    written as zeros over a NaN-poisoned C) and every pipeline depth."""
-    rows, cols = 4 * bs - 3, 3 * bs - 5
-    dense = block_matrix(bs, 4, 3, rows, cols, seed=bs + stages)
+    written as zeros over a NaN-poisoned C), every pipeline depth, and a block row's blocks
+    split over ``k_split`` groups (rows of 0 to 5 blocks: groups past a row's end, a group
+    count that does not divide it, a tail N tile)."""
+    rows, cols = 4 * bs - 3, 5 * bs - 5
+    dense = block_matrix(bs, 4, 5, rows, cols, seed=bs + stages + k_split, density=0.7)
     A = sparsec.formats.convert(dense, f"bsr:{bs}x{bs}")
     B = np.random.default_rng(1).standard_normal((cols, feat)).astype(np.float16)
     C = np.full((rows, feat), np.nan, np.float32)
-    ex = tvm.compile(tc.staged_spmm(bs, feat, n_tile, "float16", stages), target="llvm")
+    ex = tvm.compile(tc.staged_spmm(bs, feat, n_tile, "float16", stages, k_split=k_split), target="llvm")
     n_io = A.arrays["indptr"].size - 1
     arrays = A.kernel_arrays()  # writeable: DLPack refuses the read-only views in A.arrays
     ex["spmm"](arrays["indptr"], arrays["indices"], A.data, B, C, n_io, rows, cols)
@@ -67,6 +71,8 @@ CASES = {  # name: (block, feat, dtype, knobs)
     "b64-fp16": (64, 256, "float16", {}),
     "b32-bf16": (32, 256, "bfloat16", {}),
     "b32-fp16-knobs": (32, 512, "float16", {"n_tile": 256, "warp_m": 16, "warp_n": 64, "stages": 4}),
+    "b16-fp16-few": (16, 16, "float16", {}),  # the default at few columns: k_split groups
+    "b64-fp16-groups": (64, 16, "float16", {"n_tile": 8, "warp_m": 32, "warp_n": 8, "stages": 2, "k_split": 4}),
 }
 
 
@@ -83,12 +89,14 @@ def test_cuda_source_is_a_tensor_core_kernel(kernels, name):
     src = k.source()
     abbr = "f16" if dtype == "float16" else "bf16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{abbr}.{abbr}.f32" in src
-    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
+    assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x[24]\.trans", src)  # x2: 8-column B fragments
     assert "cp.async.cg.shared.global" in src and "cp.async.commit_group" in src
     used = k.knobs
     assert used == {**tc.default_knobs(bs, feat), **knobs}
-    warps = (bs // used["warp_m"]) * (used["n_tile"] // used["warp_n"])
+    warps = used["k_split"] * (bs // used["warp_m"]) * (used["n_tile"] // used["warp_n"])
     assert set(re.findall(r"__launch_bounds__\((\d+)\)", src)) == {str(32 * warps)}
+    assert "condval" not in src  # every gather a vector cp.async (no scalar fallback)
     if used["stages"] > 1:
         assert f"cp.async.wait_group {used['stages'] - 1};" in src
     assert k.outputs[0].dtype == "float32"
@@ -135,3 +143,22 @@ def test_knobs_are_validated(knobs, match):
         return
     with pytest.raises(ValueError, match=match):
         sparsec.compile("spmm", "bsr:32x32", feat=256, dtype="float16", knobs=knobs, target="cuda:sm_90a")
+
+
+def test_few_columns_split_a_block_row_over_warp_groups(kernels):
+    """Up to 64 columns the default splits a block row's blocks over k_split warp groups:
+    each walks ceil(row / k_split) steps, and the store sums the groups' tiles."""
+    assert tc.default_knobs(16, 16)["k_split"] > 1 and tc.default_knobs(32, 512)["k_split"] == 1
+    src = kernels[("b64-fp16-groups", "sm_90a")].source()
+    assert "+ 3) >> 2)" in src  # (row_len + 3) / 4 steps per group
+    store = src[src.rindex("__syncthreads();"):]
+    assert store.count("C_s_shared_ptr") == 4  # four groups' accumulators read per output vector
+
+
+@pytest.mark.parametrize("knobs,message", [({"k_split": 0}, "k_split should be a positive int"),
+                                           ({"k_split": 32}, "at most 16 warps"),
+                                           ({"k_split": 4, "stages": 8, "n_tile": 64, "warp_n": 64, "warp_m": 64},
+                                            "fewer k_split groups")])
+def test_bad_k_split_is_refused_by_name(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        sparsec.compile("spmm", "bsr:64x64", feat=64, dtype="float16", knobs=knobs, target="cuda:sm_90a")
