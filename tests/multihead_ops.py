@@ -5,10 +5,11 @@ variants the BSR Tensor Core template must leave to the CUDA-core template."""
 from sparsec import dsl
 
 
-def _heads(name: str, doc: str, pattern: bool = True):
+def _heads(name: str, doc: str, pattern: bool = True, features_first: bool = False):
     """(op, R, G, F, Y) after ``Y[r, g, c] += W[r, s, g] * X[s, g, c]``: per-head weights W on the
     pattern of the matrix M (declared first, its values unread) or, without ``pattern``, W is
-    the matrix itself with a trailing head axis."""
+    the matrix itself with a trailing head axis. ``features_first``: the loops run over the
+    features before the heads."""
     op = dsl.Operator(name, doc)
     R = op.dense_fixed("r")
     S = op.sparse_variable("s", parent=R)
@@ -19,26 +20,19 @@ def _heads(name: str, doc: str, pattern: bool = True):
     W = op.sparse_input("W", (R, S, G))
     X = op.dense_input("X", (S, G, F))
     Y = op.dense_output("Y", (R, G, F))
-    with op.iterate([R, S, G, F], "SRSS") as (r, s, g, c):
-        Y[r, g, c] += W[r, s, g] * X[s, g, c]
+    if features_first:
+        with op.iterate([R, S, F, G], "SRSS") as (r, s, c, g):
+            Y[r, g, c] += W[r, s, g] * X[s, g, c]
+    else:
+        with op.iterate([R, S, G, F], "SRSS") as (r, s, g, c):
+            Y[r, g, c] += W[r, s, g] * X[s, g, c]
     return op, R, G, F, Y
 
 
 def heads_blockmm() -> dsl.Operator:
     """``Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]``: multihead_spmm under other names, its
     loops over the features before the heads."""
-    op = dsl.Operator("heads_blockmm", "Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]")
-    R = op.dense_fixed("r")
-    S = op.sparse_variable("s", parent=R)
-    G = op.dense_fixed("g", extent="heads")
-    F = op.dense_fixed("c", extent="feat")
-    op.sparse_input("M", (R, S))
-    W = op.sparse_input("W", (R, S, G))
-    X = op.dense_input("X", (S, G, F))
-    Y = op.dense_output("Y", (R, G, F))
-    with op.iterate([R, S, F, G], "SRSS") as (r, s, c, g):
-        Y[r, g, c] += W[r, s, g] * X[s, g, c]
-    return op
+    return _heads("heads_blockmm", "Y[r, g, c] = sum_s W[r, s, g] * X[s, g, c]", features_first=True)[0]
 
 
 def heads_scaled_relu() -> dsl.Operator:
