@@ -34,7 +34,9 @@ non-constant cp.async wait count on a loop of data-dependent length).
   warp_m/16 A and warp_n/16 B fragments with ``ldmatrix`` (B with ``.trans``) and issues
   (warp_m/16)*(warp_n/16)*2 ``mma.sync.m16n8k16`` into fp32 register accumulators;
 * the accumulators go to static shared memory (``mma_store``) and from there to C with
-  16-byte stores, guarded at the matrix's last row.
+  16-byte stores, guarded at the matrix's last row;
+* with ``k_split`` > 1, that many warp groups share a block row's stored blocks (each its
+  own slots and accumulators), and the store sums their tiles (``staged_spmm``).
 """
 from __future__ import annotations
 
@@ -272,7 +274,8 @@ def default_knobs(bs: int, feat: int) -> dict:
     (the best geomean of each block size's knob sweep against dense cuBLAS on the H100:
     ``benchmarks/time_bsr_small_feat.py --sweep``). Wider: the N tile that fits (128 where
     it divides the features, 64 otherwise), 4 warps for blocks of 16 and 32 and 8 for 64,
-    one group. Stages, then groups, step down until the shared memory fits a launch."""
+    one group. Groups, then stages, step down until the shared memory and the warps fit a
+    thread block (large blocks first take wider warp tiles)."""
     if feat <= 64:
         n_tile = 8 if feat <= 8 or (bs >= 64 and feat <= 16) else 16
         warp_m = 32 if feat <= 16 and bs % 32 == 0 else 16
@@ -666,11 +669,12 @@ def warp_mma(sch: s_tir.Schedule, mma, wm: int, fm: int, wn: int, fn: int, fw: i
 
 
 # the tuner's small space: every N tile that fits the features (``_prune`` drops wider ones;
-# the first choice alone would be pruned at few features), two warp tiles, three pipeline depths
+# the first choice alone would be pruned at few features), two warp tiles, three pipeline depths,
+# three group counts (8 groups won most few-column cases of the H100 sweep)
 @transformation(knobs={"n_tile": Knob(N_TILES, small=N_TILES), "warp_m": Knob((32, 16, 64), small=(32, 16)),
                        "warp_n": Knob((32, 16, 64, 8), small=(32, 16, 8)),
                        "stages": Knob((2, 1, 3, 4, 6, 8), small=(2, 4, 8)),
-                       "k_split": Knob((1, 2, 4, 8), small=(1, 2, 4))},
+                       "k_split": Knob((1, 2, 4, 8), small=(1, 4, 8))},
                 resolve=_resolve, prune=_prune)
 def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, warp_n: int, stages: int,
                    k_split: int = 1):
