@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
+from sparsec.ir_attrs import TICKETS
 
 from .segment_split import Partition, Sym
 
@@ -183,7 +184,7 @@ def partition(c: Contraction, splits: Optional[int] = None) -> Partition:
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
-           "t", "t0", "a", "b", "back", "sgt", "sgq")
+           "t", "t0", "a", "b", "back", "sgt", "sgq", "tk", "tv", "fk", "fe")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -199,9 +200,16 @@ def _fill(template: str, exprs: Dict[str, str]) -> str:
     return text.replace("\0", "T.").format(**exprs)
 
 
+def grid(c: Contraction, splits: Optional[int] = None) -> str:
+    """The contraction kernel's thread blocks (TVMScript, run-time)."""
+    return f"(T.max({render(c.root_extent, 'int32')}, 1) + {THREADS - 1}) // {THREADS} * {partition(c, splits).splits}"
+
+
 def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
-         splits: Optional[int] = None) -> None:
-    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
+         splits: Optional[int] = None, group_blocks: Optional[str] = None) -> None:
+    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc. With a
+    fill prologue (``nest.prologue``), ``group_blocks``: the thread blocks of every contraction
+    that shares the fill (the last of them to finish resets the workspace)."""
     GT = min(32, c.G)  # lanes over g
     TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
     BG = -(-c.G // GT)  # g columns per thread
@@ -249,14 +257,16 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
                         for g in range(%d):
                             if {guard_p0}:
                                 {identity}""" % c.G
-    text = f"""
+    fill = _prologue(nest.prologue, dtype) if nest.prologue is not None else None
+    if fill is not None:
+        x.update(fill.slots, group_blocks=group_blocks or grid(c, splits))
+    head = f"""
 for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
         for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
             with T.sblock("{{name}}"):
                 T.reads({{reads}})
-                T.writes({{writes}})
-                bx: T.int32 = bs // {part.splits}
-                sp: T.int32 = bs % {part.splits}
+                T.writes({{writes}})"""
+    text = f"""
                 sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 rs = T.alloc_buffer(({TS},), "int32", scope="shared")
@@ -269,6 +279,8 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                 ns = T.alloc_buffer((1,), "int32", scope="local")
                 rv = T.alloc_buffer((1,), "int32", scope="local")
                 rw = T.alloc_buffer((1,), "int32", scope="local")
+                bx: T.int32 = bs // {part.splits}
+                sp: T.int32 = bs % {part.splits}
                 p0: T.int32 = bx * {THREADS} + tid
                 cnt[0] = 0
                 if p0 < {{n_root}}:
@@ -324,7 +336,7 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                                             tmp[0] = rv[0]
                             T.tvm_storage_sync("shared")
                             if tid < {TS}:
-                                rs[tid] = tmp[0]
+                                rs[tid] = tmp[0]{{wait}}
                             T.tvm_storage_sync("shared")
                             for t0 in range({TS}):
                                 rv[0] = rs[t0]
@@ -354,5 +366,93 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                                     T.tvm_storage_sync("shared")
                             T.tvm_storage_sync("shared")
 """
+    if fill is None:
+        text = head + text.replace("{wait}", "")
+    else:
+        text = head + _ticketed(text)
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)
+
+
+FILL_PER_THREAD = 16  # output elements a thread of a fill item sets (an item: THREADS x this)
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """The fill a contraction runs first (``lower.fuse_fill``): the template slots of its work
+    items and their store."""
+
+    slots: Dict[str, str]
+
+
+def _prologue(fill, dtype: str) -> Prologue:
+    """The fill nest ``fill`` (rows x compile-time dense extents) as work items of
+    THREADS x FILL_PER_THREAD consecutive output elements each, in the output's row-major order."""
+    loops = [b for blk in fill.blocks for b in blk]
+    extents = [int(b.extent.value) for b in loops[1:]]
+    width = 1
+    for e in extents:
+        width *= e
+    rows = render(loops[0].extent, "int32")
+    fe = PREFIX + "fe"
+    index = {f"v_{loops[0].loop.name}": f"({fe} // {width})"}
+    stride = width
+    for b, e in zip(loops[1:], extents):
+        stride //= e
+        index[f"v_{b.loop.name}"] = f"({fe} % {width} // {stride} % {e})"
+    per_item = THREADS * FILL_PER_THREAD
+    total = f"{rows} * {width}"
+    return Prologue({
+        "fill_total": total,
+        "fill_items": f"({total} + {per_item - 1}) // {per_item}",
+        "fill_store": f"{render(fill.target, dtype, index)} = {render(fill.value, dtype, index)}",
+    })
+
+
+_TICKET = f"""
+                tk = T.alloc_buffer((1,), "int32", scope="shared")
+                tv = T.alloc_buffer((1,), "int32", scope="local")
+                if tid == 0:
+                    tk[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[0]), 1)
+                T.tvm_storage_sync("shared")
+                tv[0] = tk[0]
+                while tv[0] < {{fill_items}}:
+                    for fk in range({FILL_PER_THREAD}):
+                        fe: T.int32 = tv[0] * {THREADS * FILL_PER_THREAD} + fk * {THREADS} + tid
+                        if fe < {{fill_total}}:
+                            {{fill_store}}
+                    T.evaluate(T.call_extern("int32", "__threadfence"))
+                    T.tvm_storage_sync("shared")
+                    if tid == 0:
+                        T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[1]), 1))
+                        tk[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[0]), 1)
+                    T.tvm_storage_sync("shared")
+                    tv[0] = tk[0]"""
+_WAIT = f"""
+                                if ch == 0:
+                                    if tid == 0:
+                                        while T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[1]), 0) < {{fill_items}}:
+                                            T.evaluate(T.call_extern("int32", "__nanosleep", 64))
+                                        T.evaluate(T.call_extern("int32", "__threadfence"))"""
+_DONE = f"""
+                T.tvm_storage_sync("shared")
+                if tid == 0:
+                    if T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[2]), 1) == {{group_blocks}} - 1:
+                        {TICKETS}[0] = 0
+                        {TICKETS}[1] = 0
+                        {TICKETS}[2] = 0
+"""
+
+
+def _ticketed(body: str) -> str:
+    """The contraction's ``body`` (allocations, then the work of block ``bs``) after the fill:
+    each block first takes fill items by ticket until none is left, and waits for all of
+    them to be done before its first atomic add (chunk 0's stores); the last block of the
+    group to finish zeroes the counters. A block only waits for items already handed out,
+    to running blocks that wait for nothing, so the launch cannot deadlock, whatever order
+    the hardware starts blocks in, and it holds when the group's contractions are fused into
+    one kernel (``schedules.fusion``) or launched one after another."""
+    lines = body.strip("\n").split("\n")
+    allocs = [ln for ln in lines if "T.alloc_buffer" in ln]
+    work = [ln for ln in lines if "T.alloc_buffer" not in ln]
+    return ("\n" + "\n".join(allocs) + _TICKET + "\n" + "\n".join(work).replace("{wait}", _WAIT) + _DONE)

@@ -277,14 +277,17 @@ class Kernel:
         if self.target.kind == "llvm":
             host["__data__"] = _exportable(A.data)
             return host
-        # keyed by the host arrays themselves, so that a replaced array is copied again
-        cache = A.__dict__.setdefault("_device_arrays", {})
-        key = str(dev)
-        hit = cache.get(key)
-        if hit is None or hit[0].keys() != host.keys() or any(hit[0][n] is not a for n, a in host.items()):
-            cache.clear()
-            hit = cache[key] = (host, {n: tvm.runtime.tensor(_compact(_exportable(a)), dev) for n, a in host.items()})
-        return hit[1]
+        # per array, keyed by the host array itself, so that a replaced array is copied again
+        # and kernels that read different arrays of one instance (packed operands, a
+        # workspace) do not evict each other's
+        cache = A.__dict__.setdefault("_device_arrays", {}).setdefault(str(dev), {})
+        out = {}
+        for n, a in host.items():
+            hit = cache.get(n)
+            if hit is None or hit[0] is not a:
+                hit = cache[n] = (a, tvm.runtime.tensor(_compact(_exportable(a)), dev))
+            out[n] = hit[1]
+        return out
 
     def _finish(self, outs, like_torch):
         res = []
