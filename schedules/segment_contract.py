@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
-from sparsec.ir_attrs import TICKETS
+from sparsec.ir_attrs import TICKETS, TICKETS_LEN
 
 from .segment_split import Partition, Sym
 
@@ -206,10 +206,11 @@ def grid(c: Contraction, splits: Optional[int] = None) -> str:
 
 
 def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
-         splits: Optional[int] = None, group_blocks: Optional[str] = None) -> None:
+         splits: Optional[int] = None, group_blocks: Optional[Tuple[str, str]] = None) -> None:
     """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc. With a
     fill prologue (``nest.prologue``), ``group_blocks``: the thread blocks of every contraction
-    that shares the fill (the last of them to finish resets the workspace)."""
+    that shares the fill, and how many come before this one's (together they count
+    themselves done, and the last resets the workspace)."""
     GT = min(32, c.G)  # lanes over g
     TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
     BG = -(-c.G // GT)  # g columns per thread
@@ -259,7 +260,8 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
                                 {identity}""" % c.G
     fill = _prologue(nest.prologue, dtype) if nest.prologue is not None else None
     if fill is not None:
-        x.update(fill.slots, group_blocks=group_blocks or grid(c, splits))
+        blocks, offset = group_blocks or (grid(c, splits), "0")
+        x.update(fill.slots, group_blocks=blocks, block_sub=f"(({offset}) + {P}bs) % {SUBS}")
     head = f"""
 for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
         for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
@@ -374,7 +376,15 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
         printer(depth, line)
 
 
-FILL_PER_THREAD = 16  # output elements a thread of a fill item sets (an item: THREADS x this)
+FILL_PER_THREAD = 64  # output elements a thread of a fill item sets (an item: THREADS x this)
+# The workspace (``ir_attrs.TICKETS``), one 128-byte line per counter that many blocks update,
+# since atomics on one line are served one after another: fill tickets handed out, fill items
+# done, then SUBS counters of blocks done (block b counts in SUB + (b mod SUBS) * LINE) and
+# one of counters complete (TOP). Tickets and done counts are polled with L2 loads (__ldcg),
+# not atomics: a block started after the fill was handed out makes one atomic in all.
+LINE, SUBS = 32, 32
+HANDED, FILLED, TOP, SUB = 0, LINE, 2 * LINE, 3 * LINE
+assert SUB + SUBS * LINE <= TICKETS_LEN
 
 
 @dataclass(frozen=True)
@@ -409,6 +419,18 @@ def _prologue(fill, dtype: str) -> Prologue:
     })
 
 
+def _ws(at) -> str:
+    return f"T.address_of({TICKETS}[{at}])"
+
+
+def _ldcg(at) -> str:
+    return f'T.call_extern("int32", "__ldcg", {_ws(at)})'
+
+
+def _atomic(at, value: int = 1) -> str:
+    return f'T.call_extern("int32", "atomicAdd", {_ws(at)}, {value})'
+
+
 _TICKET = f"""
                 tk = T.alloc_buffer((1,), "int32", scope="shared")
                 tv = T.alloc_buffer((1,), "int32", scope="local")
@@ -416,8 +438,10 @@ _TICKET = f"""
                 dn = T.alloc_buffer((1,), "int32", scope="local")
                 dn[0] = -1
                 if tid == 0:
-                    tk[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[0]), 1)
-                    rd[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[1]), 0)"""
+                    tk[0] = {{fill_items}}
+                    if {_ldcg(HANDED)} < {{fill_items}}:
+                        tk[0] = {_atomic(HANDED)}
+                    rd[0] = {_ldcg(FILLED)}"""
 _DRAIN = f"""
                 T.tvm_storage_sync("shared")
                 tv[0] = tk[0]
@@ -429,36 +453,41 @@ _DRAIN = f"""
                     T.evaluate(T.call_extern("int32", "__threadfence"))
                     T.tvm_storage_sync("shared")
                     if tid == 0:
-                        T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[1]), 1))
-                        tk[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[0]), 1)
+                        T.evaluate({_atomic(FILLED)})
+                        tk[0] = {_atomic(HANDED)}
                     T.tvm_storage_sync("shared")
                     tv[0] = tk[0]
                 if rv[0] == 0:
                     if tid == 0:
-                        dn[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[2]), 1)"""
+                        dn[0] = {_atomic("{sub}")}"""
 _WAIT = f"""
                                 if ch == 0:
                                     if tid == 0:
                                         if rd[0] < {{fill_items}}:
-                                            while T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[1]), 0) < {{fill_items}}:
+                                            while {_ldcg(FILLED)} < {{fill_items}}:
                                                 T.evaluate(T.call_extern("int32", "__nanosleep", 64))
                                             T.evaluate(T.call_extern("int32", "__threadfence"))
-                                        dn[0] = T.call_extern("int32", "atomicAdd", T.address_of({TICKETS}[2]), 1)"""
+                                        dn[0] = {_atomic("{sub}")}"""
 _DONE = f"""
                 if tid == 0:
-                    if dn[0] == {{group_blocks}} - 1:
-                        {TICKETS}[0] = 0
-                        {TICKETS}[1] = 0
-                        {TICKETS}[2] = 0
+                    if dn[0] == ({{group_blocks}} - {{block_sub}} + {SUBS - 1}) // {SUBS} - 1:
+                        if {_atomic(TOP)} == T.min({SUBS}, {{group_blocks}}) - 1:
+                            {TICKETS}[{HANDED}] = 0
+                            {TICKETS}[{FILLED}] = 0
+                            {TICKETS}[{TOP}] = 0
+                            for fk in range({SUBS}):
+                                {TICKETS}[{SUB} + fk * {LINE}] = 0
 """
 
 
 def _ticketed(body: str) -> str:
     """The contraction's ``body`` (allocations, then the work of block ``bs``) with the fill
     run by its blocks. Each block takes a ticket as it starts (its latency hidden behind the
-    first loads); after the first barriers it fills items by ticket until none is left; before
-    its first atomic add (chunk 0's stores) it waits until every item is done, then counts
-    itself done with the counters, and the last of the group's blocks to count zeroes them.
+    first loads) unless a load shows none left; after the first barriers it fills items by
+    ticket until none is left; before its first atomic add (chunk 0's stores) it waits until
+    every item is done, then counts itself done with the counters (in its sub-counter; the
+    last of a sub-counter's blocks counts the sub-counter complete), and the block that
+    completes the last sub-counter zeroes them all.
     A block only waits for items already handed out, to running blocks that wait for nothing,
     so the launch cannot deadlock, whatever order the hardware starts blocks in; it holds
     whether the group's contractions are fused into one kernel (``schedules.fusion``) or
@@ -469,4 +498,5 @@ def _ticketed(body: str) -> str:
     work = [ln for ln in lines if "T.alloc_buffer" not in ln]
     first = next(n for n, ln in enumerate(work) if "__syncthreads_or" in ln) + 1
     work = work[:first] + _DRAIN.strip("\n").split("\n") + work[first:]
-    return "\n" + "\n".join(allocs) + _TICKET + "\n" + "\n".join(work).replace("{wait}", _WAIT) + _DONE
+    text = "\n" + "\n".join(allocs) + _TICKET + "\n" + "\n".join(work).replace("{wait}", _WAIT) + _DONE
+    return text.replace("{sub}", f"{SUB} + {{block_sub}} * {LINE}")

@@ -8,4 +8,4 @@ ATOMIC_ATTR = "sparsec_atomic"  # block annotation: stores into global memory mu
 # (``schedules.segment_contract``'s fill). The runtime hands every call the same array per
 # matrix instance and device (``sparsec.tc_operands``), so it is allocated once.
 TICKETS = "sparsec_tickets"
-TICKETS_LEN = 4
+TICKETS_LEN = 2048  # counters on lines of their own (schedules.segment_contract)

@@ -72,9 +72,13 @@ def test_rgcn_bias_fill_runs_in_the_contraction_launch(fmt):
     parts = 1 if fmt == "csr" else len(inst.format.parts)
     assert src.count("__global__") // 2 == 1
     assert "fill" not in k.script  # no sblock of its own
-    assert src.count(f"atomicAdd((&({TICKETS}_ptr[0])), 1)") == 2 * parts  # first ticket, then one per item
-    assert src.count(f"atomicAdd((&({TICKETS}_ptr[2])), 1)") == 2 * parts  # blocks with entries and without
-    assert f"{TICKETS}_ptr[0] = 0;" in src and "__nanosleep" in src and "__threadfence();" in src
+    from sparsec.schedules.segment_contract import FILLED, HANDED, TOP
+
+    assert src.count(f"atomicAdd((&({TICKETS}_ptr[{HANDED}])), 1)") == 2 * parts  # first ticket, one per item
+    assert src.count(f"__ldcg((&({TICKETS}_ptr[{HANDED}])))") == parts  # no ticket once none is left
+    assert src.count(f"__ldcg((&({TICKETS}_ptr[{FILLED}])))") == 2 * parts  # polled by loads, not atomics
+    assert src.count(f"atomicAdd((&({TICKETS}_ptr[{TOP}])), 1)") == parts
+    assert f"{TICKETS}_ptr[{HANDED}] = 0;" in src and "__nanosleep" in src and "__threadfence();" in src
     assert [p.name for p in k.params if p.role == "index"][-1] == TICKETS
     if fmt == "hyb":  # the buckets' contractions fused into one kernel, each reading the counters
         from tests.nvcc_tools import nvcc_compile

@@ -8,7 +8,7 @@ that rows with no stored entries still get their initial value.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from sparsec.schedules import segment_contract
 from sparsec.schedules.atomics import ATOMIC_MINMAX_DTYPES
@@ -59,25 +59,31 @@ def emit_script(prog: FlatProgram, atomics: bool = False, segment_splits=None) -
                              f"atomic {nest.reduce}, which sparsec emits for {', '.join(ATOMIC_MINMAX_DTYPES)}, not "
                              f"{prog.dtype.out}; use a format whose rows are unique (not hyb's split rows)")
         if nest.template == "segment_contract":
-            _emit_contraction(p, nest, prog, shapes, splits, groups.get(id(nest.prologue)))
+            _emit_contraction(p, nest, prog, shapes, splits, groups.get(id(nest)))
             continue
         _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic, dtypes[nest.target.buffer])
     return "\n".join(p.lines) + "\n"
 
 
-def _fill_groups(prog: FlatProgram, splits) -> Dict[int, str]:
-    """The thread blocks of all contractions that share one fill prologue (``lower.fuse_fill``),
-    by the fill's id: the last of them to finish resets the workspace."""
-    blocks: Dict[int, List[str]] = {}
+def _fill_groups(prog: FlatProgram, splits) -> Dict[int, Tuple[str, str]]:
+    """(all thread blocks, those before this one's) of the contractions that share a fill
+    prologue (``lower.fuse_fill``), by nest id: together they count themselves done with the
+    workspace, and the last resets it."""
+    grids: Dict[int, List[Tuple[int, str]]] = {}
     for nest in prog.nests:
         if nest.template == "segment_contract" and nest.prologue is not None:
             c = segment_contract.match(nest, prog)
-            blocks.setdefault(id(nest.prologue), []).append(segment_contract.grid(c, splits))
-    return {k: " + ".join(v) for k, v in blocks.items()}
+            grids.setdefault(id(nest.prologue), []).append((id(nest), segment_contract.grid(c, splits)))
+    out = {}
+    for members in grids.values():
+        total = " + ".join(g for _, g in members)
+        for n, (key, _) in enumerate(members):
+            out[key] = (total, " + ".join(g for _, g in members[:n]) or "0")
+    return out
 
 
 def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes, splits=None,
-                      group_blocks: Optional[str] = None) -> None:
+                      group_blocks: Optional[Tuple[str, str]] = None) -> None:
     """A nest whose kernel ``schedules.segment_contract`` writes whole (thread-bound loops)."""
     reads = [nest.value] + list(nest.target.index) + ([nest.write_guard] if nest.write_guard is not None else [])
     reads += [b.extent for blk in nest.blocks for b in blk]
