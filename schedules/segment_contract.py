@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
-from sparsec.ir_attrs import TICKETS, TICKETS_LEN
 
 from .segment_split import Partition, Sym
 
@@ -184,7 +183,7 @@ def partition(c: Contraction, splits: Optional[int] = None) -> Partition:
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
-           "t", "t0", "a", "b", "back", "sgt", "sgq", "tk", "tv", "fk", "fe")
+           "t", "t0", "a", "b", "back", "sgt", "sgq")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -200,17 +199,9 @@ def _fill(template: str, exprs: Dict[str, str]) -> str:
     return text.replace("\0", "T.").format(**exprs)
 
 
-def grid(c: Contraction, splits: Optional[int] = None) -> str:
-    """The contraction kernel's thread blocks (TVMScript, run-time)."""
-    return f"(T.max({render(c.root_extent, 'int32')}, 1) + {THREADS - 1}) // {THREADS} * {partition(c, splits).splits}"
-
-
 def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
-         splits: Optional[int] = None, group_blocks: Optional[Tuple[str, str]] = None) -> None:
-    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc. With a
-    fill prologue (``nest.prologue``), ``group_blocks``: the thread blocks of every contraction
-    that shares the fill, and how many come before this one's (together they count
-    themselves done, and the last resets the workspace)."""
+         splits: Optional[int] = None) -> None:
+    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
     GT = min(32, c.G)  # lanes over g
     TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
     BG = -(-c.G // GT)  # g columns per thread
@@ -258,17 +249,14 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
                         for g in range(%d):
                             if {guard_p0}:
                                 {identity}""" % c.G
-    fill = _prologue(nest.prologue, dtype) if nest.prologue is not None else None
-    if fill is not None:
-        blocks, offset = group_blocks or (grid(c, splits), "0")
-        x.update(fill.slots, group_blocks=blocks, block_sub=f"(({offset}) + {P}bs) % {SUBS}")
-    head = f"""
+    text = f"""
 for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
         for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
             with T.sblock("{{name}}"):
                 T.reads({{reads}})
-                T.writes({{writes}})"""
-    text = f"""
+                T.writes({{writes}})
+                bx: T.int32 = bs // {part.splits}
+                sp: T.int32 = bs % {part.splits}
                 sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
                 rs = T.alloc_buffer(({TS},), "int32", scope="shared")
@@ -281,8 +269,6 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                 ns = T.alloc_buffer((1,), "int32", scope="local")
                 rv = T.alloc_buffer((1,), "int32", scope="local")
                 rw = T.alloc_buffer((1,), "int32", scope="local")
-                bx: T.int32 = bs // {part.splits}
-                sp: T.int32 = bs % {part.splits}
                 p0: T.int32 = bx * {THREADS} + tid
                 cnt[0] = 0
                 if p0 < {{n_root}}:
@@ -338,7 +324,7 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                                             tmp[0] = rv[0]
                             T.tvm_storage_sync("shared")
                             if tid < {TS}:
-                                rs[tid] = tmp[0]{{wait}}
+                                rs[tid] = tmp[0]
                             T.tvm_storage_sync("shared")
                             for t0 in range({TS}):
                                 rv[0] = rs[t0]
@@ -368,135 +354,5 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
                                     T.tvm_storage_sync("shared")
                             T.tvm_storage_sync("shared")
 """
-    if fill is None:
-        text = head + text.replace("{wait}", "")
-    else:
-        text = head + _ticketed(text)
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)
-
-
-FILL_PER_THREAD = 64  # output elements a thread of a fill item sets (an item: THREADS x this)
-# The workspace (``ir_attrs.TICKETS``), one 128-byte line per counter that many blocks update,
-# since atomics on one line are served one after another: fill tickets handed out, fill items
-# done, then SUBS counters of blocks done (block b counts in SUB + (b mod SUBS) * LINE) and
-# one of counters complete (TOP). Tickets and done counts are polled with L2 loads (__ldcg),
-# not atomics: a block started after the fill was handed out makes one atomic in all.
-LINE, SUBS = 32, 32
-HANDED, FILLED, TOP, SUB = 0, LINE, 2 * LINE, 3 * LINE
-assert SUB + SUBS * LINE <= TICKETS_LEN
-
-
-@dataclass(frozen=True)
-class Prologue:
-    """The fill a contraction runs first (``lower.fuse_fill``): the template slots of its work
-    items and their store."""
-
-    slots: Dict[str, str]
-
-
-def _prologue(fill, dtype: str) -> Prologue:
-    """The fill nest ``fill`` (rows x compile-time dense extents) as work items of
-    THREADS x FILL_PER_THREAD consecutive output elements each, in the output's row-major order."""
-    loops = [b for blk in fill.blocks for b in blk]
-    extents = [int(b.extent.value) for b in loops[1:]]
-    width = 1
-    for e in extents:
-        width *= e
-    rows = render(loops[0].extent, "int32")
-    fe = PREFIX + "fe"
-    index = {f"v_{loops[0].loop.name}": f"({fe} // {width})"}
-    stride = width
-    for b, e in zip(loops[1:], extents):
-        stride //= e
-        index[f"v_{b.loop.name}"] = f"({fe} % {width} // {stride} % {e})"
-    per_item = THREADS * FILL_PER_THREAD
-    total = f"{rows} * {width}"
-    return Prologue({
-        "fill_total": total,
-        "fill_items": f"({total} + {per_item - 1}) // {per_item}",
-        "fill_store": f"{render(fill.target, dtype, index)} = {render(fill.value, dtype, index)}",
-    })
-
-
-def _ws(at) -> str:
-    return f"T.address_of({TICKETS}[{at}])"
-
-
-def _ldcg(at) -> str:
-    return f'T.call_extern("int32", "__ldcg", {_ws(at)})'
-
-
-def _atomic(at, value: int = 1) -> str:
-    return f'T.call_extern("int32", "atomicAdd", {_ws(at)}, {value})'
-
-
-_TICKET = f"""
-                tk = T.alloc_buffer((1,), "int32", scope="shared")
-                tv = T.alloc_buffer((1,), "int32", scope="local")
-                rd = T.alloc_buffer((1,), "int32", scope="local")
-                dn = T.alloc_buffer((1,), "int32", scope="local")
-                dn[0] = -1
-                if tid == 0:
-                    tk[0] = {{fill_items}}
-                    if {_ldcg(HANDED)} < {{fill_items}}:
-                        tk[0] = {_atomic(HANDED)}
-                    rd[0] = {_ldcg(FILLED)}"""
-_DRAIN = f"""
-                T.tvm_storage_sync("shared")
-                tv[0] = tk[0]
-                while tv[0] < {{fill_items}}:
-                    for fk in range(T.min({FILL_PER_THREAD}, ({{fill_total}} - tv[0] * {THREADS * FILL_PER_THREAD} + {THREADS - 1}) // {THREADS})):
-                        fe: T.int32 = tv[0] * {THREADS * FILL_PER_THREAD} + fk * {THREADS} + tid
-                        if fe < {{fill_total}}:
-                            {{fill_store}}
-                    T.evaluate(T.call_extern("int32", "__threadfence"))
-                    T.tvm_storage_sync("shared")
-                    if tid == 0:
-                        T.evaluate({_atomic(FILLED)})
-                        tk[0] = {_atomic(HANDED)}
-                    T.tvm_storage_sync("shared")
-                    tv[0] = tk[0]
-                if rv[0] == 0:
-                    if tid == 0:
-                        dn[0] = {_atomic("{sub}")}"""
-_WAIT = f"""
-                                if ch == 0:
-                                    if tid == 0:
-                                        if rd[0] < {{fill_items}}:
-                                            while {_ldcg(FILLED)} < {{fill_items}}:
-                                                T.evaluate(T.call_extern("int32", "__nanosleep", 64))
-                                            T.evaluate(T.call_extern("int32", "__threadfence"))
-                                        dn[0] = {_atomic("{sub}")}"""
-_DONE = f"""
-                if tid == 0:
-                    if dn[0] == ({{group_blocks}} - {{block_sub}} + {SUBS - 1}) // {SUBS} - 1:
-                        if {_atomic(TOP)} == T.min({SUBS}, {{group_blocks}}) - 1:
-                            {TICKETS}[{HANDED}] = 0
-                            {TICKETS}[{FILLED}] = 0
-                            {TICKETS}[{TOP}] = 0
-                            for fk in range({SUBS}):
-                                {TICKETS}[{SUB} + fk * {LINE}] = 0
-"""
-
-
-def _ticketed(body: str) -> str:
-    """The contraction's ``body`` (allocations, then the work of block ``bs``) with the fill
-    run by its blocks. Each block takes a ticket as it starts (its latency hidden behind the
-    first loads) unless a load shows none left; after the first barriers it fills items by
-    ticket until none is left; before its first atomic add (chunk 0's stores) it waits until
-    every item is done, then counts itself done with the counters (in its sub-counter; the
-    last of a sub-counter's blocks counts the sub-counter complete), and the block that
-    completes the last sub-counter zeroes them all.
-    A block only waits for items already handed out, to running blocks that wait for nothing,
-    so the launch cannot deadlock, whatever order the hardware starts blocks in; it holds
-    whether the group's contractions are fused into one kernel (``schedules.fusion``) or
-    launched one after another. The fill loop's trip count is a run-time value: unrolled, it
-    would hold 8 more registers per thread and cost a quarter of the occupancy."""
-    lines = body.strip("\n").split("\n")
-    allocs = [ln for ln in lines if "T.alloc_buffer" in ln]
-    work = [ln for ln in lines if "T.alloc_buffer" not in ln]
-    first = next(n for n, ln in enumerate(work) if "__syncthreads_or" in ln) + 1
-    work = work[:first] + _DRAIN.strip("\n").split("\n") + work[first:]
-    text = "\n" + "\n".join(allocs) + _TICKET + "\n" + "\n".join(work).replace("{wait}", _WAIT) + _DONE
-    return text.replace("{sub}", f"{SUB} + {{block_sub}} * {LINE}")

@@ -8,11 +8,6 @@ arrays are cached on the instance with the ``data`` array they were packed from,
 hands the same objects to the device cache every call, and an instance whose values were
 replaced (``with_data``) is packed again rather than read stale. The kernels themselves
 handle any matrix size (their edges are bounds-checked), so nothing here pads B or C.
-
-A kernel may also name a workspace among its index parameters (``ir_attrs.TICKETS``: the
-counters by which a segment contraction's blocks order its fused fill). It is zeros, made
-once per instance like the packed operands and cached with them, and every launch leaves it
-zeroed, so each call hands the kernel the same array.
 """
 from __future__ import annotations
 
@@ -21,14 +16,8 @@ from typing import Dict, Sequence
 import numpy as np
 
 from .formats.packed import CACHE, GATHER, SP24, gather_operands, sp24_operands
-from .ir_attrs import TICKETS, TICKETS_LEN
 
-
-def _tickets(inst) -> Dict[str, np.ndarray]:
-    return {TICKETS: np.zeros(TICKETS_LEN, dtype=np.int32)}
-
-
-PACKERS = {**{n: sp24_operands for n in SP24}, **{n: gather_operands for n in GATHER}, TICKETS: _tickets}
+PACKERS = {**{n: sp24_operands for n in SP24}, **{n: gather_operands for n in GATHER}}
 
 
 def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:

@@ -8,14 +8,14 @@ that rows with no stored entries still get their initial value.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import List, Set
 
 from sparsec.schedules import segment_contract
 from sparsec.schedules.atomics import ATOMIC_MINMAX_DTYPES
 
 from ..dsl import IDENTITY
 from ..expr import BinOp, Expr, Load, Var, render, walk
-from ..ir_attrs import ATOMIC_ATTR, TICKETS
+from ..ir_attrs import ATOMIC_ATTR
 from .flatten import FlatProgram
 from .lookup import hoist_lets, let_vars
 from .positions import LoopNest, iv
@@ -41,8 +41,6 @@ def emit_script(prog: FlatProgram, atomics: bool = False, segment_splits=None) -
         raise ValueError(f"buffer names clash with the format's index arrays: {sorted(dup)}; rename the buffers")
     shapes = {b.name: b.shape for b in prog.buffers}
     dtypes = {b.name: b.dtype for b in prog.buffers}
-    splits = segment_splits() if segment_splits and any(n.template == "segment_contract" for n in prog.nests) else None
-    groups = _fill_groups(prog, splits)
     p = _Printer()
     args = [f"{b.name}_h: T.handle" for b in prog.buffers] + [f"{s}: T.int32" for s in prog.scalars]
     p(0, "@T.prim_func(s_tir=True)")
@@ -59,42 +57,19 @@ def emit_script(prog: FlatProgram, atomics: bool = False, segment_splits=None) -
                              f"atomic {nest.reduce}, which sparsec emits for {', '.join(ATOMIC_MINMAX_DTYPES)}, not "
                              f"{prog.dtype.out}; use a format whose rows are unique (not hyb's split rows)")
         if nest.template == "segment_contract":
-            _emit_contraction(p, nest, prog, shapes, splits, groups.get(id(nest)))
+            _emit_contraction(p, nest, prog, shapes, segment_splits() if segment_splits else None)
             continue
         _emit_nest(p, nest, shapes, prog.dtype.out, atomics and nest.atomic, dtypes[nest.target.buffer])
     return "\n".join(p.lines) + "\n"
 
 
-def _fill_groups(prog: FlatProgram, splits) -> Dict[int, Tuple[str, str]]:
-    """(all thread blocks, those before this one's) of the contractions that share a fill
-    prologue (``lower.fuse_fill``), by nest id: together they count themselves done with the
-    workspace, and the last resets it."""
-    grids: Dict[int, List[Tuple[int, str]]] = {}
-    for nest in prog.nests:
-        if nest.template == "segment_contract" and nest.prologue is not None:
-            c = segment_contract.match(nest, prog)
-            grids.setdefault(id(nest.prologue), []).append((id(nest), segment_contract.grid(c, splits)))
-    out = {}
-    for members in grids.values():
-        total = " + ".join(g for _, g in members)
-        for n, (key, _) in enumerate(members):
-            out[key] = (total, " + ".join(g for _, g in members[:n]) or "0")
-    return out
-
-
-def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes, splits=None,
-                      group_blocks: Optional[Tuple[str, str]] = None) -> None:
+def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes, splits=None) -> None:
     """A nest whose kernel ``schedules.segment_contract`` writes whole (thread-bound loops)."""
     reads = [nest.value] + list(nest.target.index) + ([nest.write_guard] if nest.write_guard is not None else [])
     reads += [b.extent for blk in nest.blocks for b in blk]
-    writes = [nest.target.buffer]
-    if nest.prologue is not None:  # the output's fill, run first in the same launch (lower.fuse_fill)
-        reads += [nest.prologue.value] + [b.extent for blk in nest.prologue.blocks for b in blk]
-        writes.append(TICKETS)
     names = list(dict.fromkeys(l.buffer for e in reads for l in _loads(e)))
     segment_contract.emit(p, 1, nest, segment_contract.match(nest, prog), prog.dtype.out,
-                          [_full(n, shapes) for n in names], ", ".join(_full(n, shapes) for n in writes), splits,
-                          group_blocks)
+                          [_full(n, shapes) for n in names], _full(nest.target.buffer, shapes), splits)
 
 
 def _full(name: str, shapes) -> str:

@@ -152,9 +152,6 @@ class LoopNest:
     dense: bool = False  # a dense iteration's nest: loops over coordinates, no sparse structure
     origin: str = ""  # the DSL iteration it comes from (its parts and fill nest share it)
     template: str = ""  # a schedule that emits this nest's kernel itself (CUDA: "segment_contract")
-    # a nest that this nest's kernel runs first, in the same launch (``lower.fuse_fill``: the
-    # fill of the output that a segment contraction adds into)
-    prologue: Optional["LoopNest"] = None
 
 
 @dataclass
