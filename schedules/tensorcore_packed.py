@@ -225,28 +225,50 @@ WIDE_SP24 = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=8, k_steps=2
                  frag_sets=1)
 WIDE_SP24_FROM = (4096, 4096, 1024)  # rows, cols, columns of B
 
+# below 512 columns: 64 x 16 blocks (4 warps of one 16 x 16 tile), 4 k-steps a stage, 4 stages --
+# the best or within 1 % of it in 19 of the committed H200 run's 20 cases under 512 columns
+# (nm_tc_H200.json; gather mode's short rows included: 2.48 against 2.47 us at 16 columns)
+NARROW = dict(warps_m=4, warps_n=1, warp_m_tiles=1, warp_n_tiles=2, k_steps=4, stages=4, group_m=8, frag_sets=2)
+# ... save where 128 x 64 blocks still make enough blocks and each walks a long K: at 128 columns
+# 2:4 3072 x 768 took 5.94 us against 6.47 (narrow), 2:4 4096 x 4096 20.4 against 31.0, and 1:8
+# 4096 x 4096 (512-long gathered rows) 6.77 against 6.95; with 768 rows (12 such blocks) or
+# 96-long gathered rows the narrow blocks won (7.84 against 16.05 us, 3.34 against 3.52)
+MID = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=2, stages=3, group_m=8, frag_sets=2)
+MID_FROM = (64, 32, 256)  # columns of B, 128 x 64 blocks, rows of the K walk (K, or the gathered row)
+
 
 def default_pipeline_knobs(layout: str, vec: int, feat: Optional[int] = None, kc: Optional[int] = None,
                            shape: Optional[Tuple[int, int]] = None) -> dict:
-    """The tiles for ``feat`` columns of B (a linear layer's token count), measured on an H200
-    (benchmarks/results/ffn_tc_H200.json): below 512 columns narrow column tiles and deep
-    stages (64 x 16 blocks); from 512 on 128 x 64 blocks walked in groups of 8 row tiles.
-    4 k-steps a stage where the K walk is long: always for 2:4 (32 deep per k-step), in
-    gather mode where the gathered row ``kc`` (when the kernel is compiled for a matrix,
-    counted in 32-deep stages) is a multiple of 64 above 128; 2 otherwise. In gather mode
-    the block's rows must divide the row vector, so narrower vectors take fewer warp tiles
-    down. A 2:4 matrix compiled for, of at least ``WIDE_SP24_FROM``, takes ``WIDE_SP24``."""
+    """The tiles for ``feat`` columns of B (a linear layer's token count), from the committed
+    H200 runs (``benchmarks/results/nm_tc_H200.json``, ``ffn_tc_H200.json``); ``kc`` is the
+    gathered row length and ``shape`` the matrix's (rows, cols), where a kernel is compiled
+    for a matrix (without them the rules that need them do not apply):
+
+    * below 512 columns :data:`NARROW` 64 x 16 blocks with deep stages, or :data:`MID`
+      128 x 64 blocks from ``MID_FROM``: at least 64 columns, 32 such blocks and a K walk
+      (2:4: K; gather: ``kc``) of 256;
+    * from 512 on 128 x 64 blocks walked in groups of 8 row tiles, 3 stages; 4 k-steps a
+      stage where the K walk is long (always for 2:4, 32 deep per k-step; in gather mode a
+      gathered row, counted in 32-deep stages, that is a multiple of 64 above 128), else 2
+      (4 stages won 7 of the 10 short-row cases, but 3 stages lost at most 3 % where 4 lost
+      5 %: the rule keeps the better worst case);
+    * a 2:4 matrix of at least ``WIDE_SP24_FROM`` takes :data:`WIDE_SP24`.
+
+    In gather mode the block's rows must divide the row vector, so narrower vectors take
+    fewer warp tiles down."""
     if layout == "sp24" and shape is not None and feat is not None and all(
             have >= least for have, least in zip((shape[0], shape[1], feat), WIDE_SP24_FROM)):
         return dict(WIDE_SP24)
     padded = None if kc is None else -(-int(kc) // KC_STAGE) * KC_STAGE
     long_k = layout == "sp24" or (padded is not None and padded % 64 == 0 and padded > 128)
     if feat is not None and feat < 512:
-        base = dict(warps_m=4, warps_n=1, warp_m_tiles=1, warp_n_tiles=2, k_steps=4 if long_k else 2, stages=4,
-                    group_m=8, frag_sets=2)
+        walk = (shape[1] if layout == "sp24" else kc) if shape is not None else None
+        blocks = None if shape is None else -(-int(shape[0]) // 128) * -(-feat // 64)
+        mid = walk is not None and feat >= MID_FROM[0] and blocks >= MID_FROM[1] and walk >= MID_FROM[2]
+        base = dict(MID if mid else NARROW)
     else:
-        base = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=4 if long_k else 2,
-                    stages=3 if long_k else 4, group_m=8, frag_sets=2)
+        base = dict(warps_m=2, warps_n=2, warp_m_tiles=4, warp_n_tiles=4, k_steps=4 if long_k else 2, stages=3,
+                    group_m=8, frag_sets=2)
     if layout == "gather":
         while 16 * base["warp_m_tiles"] * base["warps_m"] > vec:
             if base["warp_m_tiles"] > 1:
@@ -293,15 +315,25 @@ def tc_pipeline_spmm(built, program, **knobs):
     built.mod = IRModule({program.name: func})
 
 
-def srbcrs_default_knobs(feat: int, vec: int) -> dict:
-    """The int8 kernel's knobs when none are given: 8 bytes of B a lane and 8 warps a block,
-    save 16 bytes and 4 warps for very wide B (8192 columns) with vectors of 2 or 4 -- the
-    best knob set per width and vector length of the committed H200 run
-    (``results/lowprec_int8_H200.json``: 8/8 won 180 of its 216 cases below 8192 columns,
-    16/4 42 of the 48 V = 2, 4 cases at 8192)."""
-    if feat >= 8192 and vec <= 4:
-        return {"n_bytes": 16, "warps": 4}
-    return {"n_bytes": 8, "warps": 8}
+# the int8 kernel's 16 bytes / 4 warps set (twice the columns a warp, half the warps) where the matrix
+# makes at least this many of its warps, by row vector length; 8 bytes / 8 warps below, and at V = 8
+SRBCRS_WIDE_FROM = {2: 3072, 4: 12288}
+
+
+def srbcrs_default_knobs(feat: int, vec: int, rows: Optional[int] = None) -> dict:
+    """The int8 kernel's knobs when none are given, from the committed H200 run
+    (``results/lowprec_int8_H200.json``, 288 cases, each timed with 8 bytes of B a lane and
+    8 warps a block and with 16 bytes and 4 warps): 16 / 4 halves the warps and doubles each
+    one's work, which pays once the matrix still makes many warps -- ``ceil(rows / V) *
+    ceil(feat / 128)`` at least :data:`SRBCRS_WIDE_FROM` for V = 2 and 4 -- and never paid
+    at V = 8. Against the best of the two per case: geomean 0.996, worst 0.93, where the rule
+    by width alone (16 / 4 from 8192 columns with V <= 4) gave 0.994 and 0.86. Without
+    ``rows`` (a kernel compiled for a format spec) that rule by width is what is left."""
+    if rows is None:
+        wide = feat >= 8192 and vec <= 4
+    else:
+        wide = vec in SRBCRS_WIDE_FROM and -(-int(rows) // vec) * -(-int(feat) // 128) >= SRBCRS_WIDE_FROM[vec]
+    return {"n_bytes": 16, "warps": 4} if wide else {"n_bytes": 8, "warps": 8}
 
 
 def _srbcrs_resolve(program, knobs) -> dict:
@@ -355,8 +387,11 @@ def schedule(program, m: PackedSpmm, **knobs):
     ValueError naming it."""
     t = transformation_for(m)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
+    shape = m.sized_for[:2] if m.sized_for else None
     if t is tc_pipeline_spmm:  # the matrix's gathered row length and shape, when known, pick the tiles
-        knobs = _pipeline_resolve(program, knobs, m.kc, m.sized_for[:2] if m.sized_for else None)
+        knobs = _pipeline_resolve(program, knobs, m.kc, shape)
+    elif shape is not None:  # its row count picks the int8 kernel's warps
+        knobs = {**srbcrs_default_knobs(m.feat, m.vec, shape[0]), **knobs}
     built = Built()
     built.sized_for = m.sized_for
     used = t(built, program, **t.resolve(program, knobs))

@@ -59,13 +59,14 @@ def parse_pattern(pattern: str) -> Tuple[str, int, int]:
     return kind, n, m
 
 
-def knobs_for(mode: str, tokens: int, kc: int) -> dict:
-    """The kernel's knobs for a token count and gathered row length: the packed Tensor Core
-    transformation's defaults (``schedules.tensorcore_packed.default_pipeline_knobs``, the
-    rule every compiled kernel of this structure follows)."""
+def knobs_for(mode: str, tokens: int, kc: int, shape=None) -> dict:
+    """The kernel's knobs for a token count, gathered row length and (where given) the
+    weight's (out, in) shape: the packed Tensor Core transformation's defaults
+    (``schedules.tensorcore_packed.default_pipeline_knobs``, the rule every compiled kernel of
+    this structure follows; the layer's kernel is compiled for its weight, so its shape counts)."""
     from .schedules.tensorcore_packed import default_pipeline_knobs
 
-    return default_pipeline_knobs(mode, VEC, tokens, kc if mode == "gather" else None)
+    return default_pipeline_knobs(mode, VEC, tokens, kc if mode == "gather" else None, shape)
 
 
 def format_spec(kind: str, n: int, m: int) -> str:
