@@ -3,7 +3,6 @@ no big R-MAT)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,22 +17,14 @@ import scipy.sparse as sp
 
 from sparsec.bench import rmat as rmat_mod
 from sparsec.bench import suites
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
 
 
 def _load(name):
-    """A benchmarks/data script as a module, the way it runs: its folder first on sys.path (for
-    its ``_preamble`` and sibling helpers)."""
-    spec = importlib.util.spec_from_file_location(f"sparsec_benchmark_data_{name}", DATA / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(DATA))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(DATA))
-    return module
+    return load_script(DATA / f"{name}.py", f"sparsec_benchmark_data_{name}")
 
 
 minilm = _load("minilm")

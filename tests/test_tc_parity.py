@@ -5,9 +5,6 @@ once with its grid (``benchmarks/compare_tc_kernels.py`` does this for every com
 the GPU timing is ``benchmarks/check_tc_formats.py``)."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,24 +15,13 @@ from sparsec.schedules import srbcrs_tensorcore as stc
 from sparsec.schedules import tc_pipeline as tp
 from sparsec.schedules import tensorcore_packed as packed
 from sparsec.schedules.tensorcore_packed import MID, NARROW, default_pipeline_knobs, srbcrs_default_knobs
+from tests.script_modules import load_script
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _load(name):
-    """A benchmarks/ script as a module, as it runs (its folder on sys.path for ``_preamble``),
-    leaving sys.path and the environment as they were."""
-    path, env = list(sys.path), dict(os.environ)
-    spec = importlib.util.spec_from_file_location(f"sparsec_benchmark_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-        os.environ.clear()
-        os.environ.update(env)
-    return module
+    return load_script(BENCHMARKS / f"{name}.py", f"sparsec_benchmark_{name}")
 
 
 # ---------------------------------------------------------------- the default rules
