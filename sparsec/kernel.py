@@ -278,8 +278,8 @@ class Kernel:
             host["__data__"] = _exportable(A.data)
             return host
         # per array, keyed by the host array itself, so that a replaced array is copied again
-        # and kernels that read different arrays of one instance (packed operands, a
-        # workspace) do not evict each other's
+        # and kernels that read different arrays of one instance (a Tensor Core kernel's
+        # packed operands beside another's index arrays) do not evict each other's
         cache = A.__dict__.setdefault("_device_arrays", {}).setdefault(str(dev), {})
         out = {}
         for n, a in host.items():
