@@ -79,8 +79,8 @@ def main(argv=None) -> int:
                         k = sparsec.compile(name, inst, target=args.target, rel=rel, fin=fin, fout=fout)
                         row["launches"] = k.source().count("__global__") // 2 if args.target == "cuda" else None
                         row["segment_contract"] = "l__Zs" in k.source() if args.target == "cuda" else None
-                        # three calls: a kernel that orders its blocks through the workspace
-                        # (the fused fill) must leave it reset for the next one
+                        # three calls: a kernel must give the same answer every time it is called
+                        # (nothing it leaves behind -- an output, a cached array -- may leak into the next)
                         row["err"] = max(max_rel_err(k(inst, X, W, *extra, poison=True), expected) for _ in range(3))
                     except Exception as e:  # noqa: BLE001 - reported per case
                         row["error"] = f"{type(e).__name__}: {str(e)[:200]}"

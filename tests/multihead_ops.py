@@ -68,19 +68,3 @@ def heads_row_norm() -> dsl.Operator:
     with op.iterate([R, G, F], "SSS") as (r, g, c):
         Y[r, g, c] = Y[r, g, c] / (t[r, c] + 1.0)
     return op
-
-
-def edge_weighted_spmm() -> dsl.Operator:
-    """``Y[r, c] = sum_s W[r, s] * X[s, c]`` with W edge data on the matrix M's pattern (no heads):
-    the single-head template's structure with the values in a further sparse input."""
-    op = dsl.Operator("edge_weighted_spmm", "Y[r, c] = sum_s W[r, s] * X[s, c] on M's pattern")
-    R = op.dense_fixed("r")
-    S = op.sparse_variable("s", parent=R)
-    F = op.dense_fixed("c", extent="feat")
-    op.sparse_input("M", (R, S))
-    W = op.sparse_input("W", (R, S))
-    X = op.dense_input("X", (S, F))
-    Y = op.dense_output("Y", (R, F))
-    with op.iterate([R, S, F], "SRS") as (r, s, c):
-        Y[r, c] += W[r, s] * X[s, c]
-    return op

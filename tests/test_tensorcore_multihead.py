@@ -21,7 +21,8 @@ from sparsec.schedules import templates
 from sparsec.schedules import tensorcore as tc
 from sparsec.targets import parse_target
 
-from multihead_ops import edge_weighted_spmm, heads_blockmm, heads_row_bias, heads_row_norm, heads_scaled_relu
+from edge_ops import spmm_edge_only
+from multihead_ops import heads_blockmm, heads_row_bias, heads_row_norm, heads_scaled_relu
 from nvcc_tools import nvcc_ptx
 from test_tensorcore_epilogue import _kernels, bsr_matrix
 
@@ -41,7 +42,7 @@ def _uses(op, spec, dtype="float16", kind="cuda"):
 @pytest.mark.parametrize("op,spec,dtype", [
     (MULTIHEAD, "bsr:16x16", "float16"), (MULTIHEAD, "bsr:32x32", "float16"), (MULTIHEAD, "bsr:32x32", "bfloat16"),
     (heads_blockmm(), "bsr:16x16", "float16"), (heads_scaled_relu(), "bsr:32x32", "float16"),
-    (heads_row_bias(), "bsr:16x16", "bfloat16"), (edge_weighted_spmm(), "bsr:16x16", "float16")],
+    (heads_row_bias(), "bsr:16x16", "bfloat16"), (spmm_edge_only(), "bsr:16x16", "float16")],
     ids=lambda x: getattr(x, "name", x))
 def test_dispatch_picks_the_tensor_core_template(op, spec, dtype):
     assert _uses(op, spec, dtype) == ["bsr_tensorcore"]
@@ -77,7 +78,7 @@ CASES = [  # (operator, heads, feat, n_tile, stages, block)
     (heads_scaled_relu(), 3, 24, 32, 2, 16),
     (heads_row_bias(), 2, 8, 8, 1, 32),
     (heads_blockmm(), 2, 40, 32, 2, 16),  # its loops: features, then heads
-    (edge_weighted_spmm(), None, 16, 16, 2, 16),  # no head axis: edge data (nnz,) as the values
+    (spmm_edge_only(), None, 16, 16, 2, 16),  # no head axis: edge data (nnz,) as the values
 ]
 
 
