@@ -44,7 +44,7 @@ def test_batched_spmm_one_graph_per_batch_entry():
 
 
 def test_segment_contraction_is_one_cuda_kernel_that_compiles():
-    from tests.nvcc_tools import nvcc_compile
+    from nvcc_tools import nvcc_compile
 
     adj = _graph()
     inst = convert(stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32), "csr")
@@ -70,7 +70,7 @@ def test_batched_spmm_on_bsr_blocks_within_each_graph():
 
 
 def test_outer_axis_on_bsr_compiles_for_cuda():
-    from tests.nvcc_tools import nvcc_sources
+    from nvcc_tools import nvcc_sources
 
     sources = {(name, "sm_90a"): sparsec.compile(name, "bsr:4x4", target="cuda:sm_90a", **params).source()
                for name, params in (("batched_spmm", dict(batch=3, feat=16)), ("rgcn", dict(rel=4, fin=16, fout=16)))}

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from sparsec.bench import rmat as rmat_mod
 from sparsec.bench import suites
-from tests.script_modules import load_script
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"

@@ -12,8 +12,8 @@ from sparsec import dsl, ops
 from sparsec.formats import convert, stack_rows
 from sparsec.schedules import segment_contract
 from sparsec.schedules.segment_split import Partition, Sym
-from tests.nvcc_tools import nvcc_sources
-from tests.test_axis_trees import _graph
+from nvcc_tools import nvcc_sources
+from test_axis_trees import _graph
 
 PARTITIONS = [Partition(segment_contract.SPLITS, segment_contract.CHUNK, segment_contract.STEP),
               Partition(16, 32, 8), Partition(3, 4, 2), Partition(1, 16, 4), Partition(2, 1, 1)]

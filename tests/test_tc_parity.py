@@ -15,7 +15,7 @@ from sparsec.schedules import srbcrs_tensorcore as stc
 from sparsec.schedules import tc_pipeline as tp
 from sparsec.schedules import tensorcore_packed as packed
 from sparsec.schedules.tensorcore_packed import MID, NARROW, default_pipeline_knobs, srbcrs_default_knobs
-from tests.script_modules import load_script
+from script_modules import load_script
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
