@@ -43,8 +43,9 @@ def sweep_knobs(bs: int, feat: int):
     return out
 
 
-def suite_cases(quick: bool):
-    """[(name, pruned float16 dense, block)] of the blocks suite plus the BERT FFN-out shape."""
+def suite_cases(quick: bool, only=None):
+    """[(name, pruned float16 dense, block)] of the blocks suite plus the BERT FFN-out shape
+    (with ``only``, the cases whose name contains one of its strings)."""
     from sparsec.bench.suites import blocks
 
     out = [(name, w.astype(np.float16), b) for name, w, b, s in blocks()]
@@ -57,6 +58,8 @@ def suite_cases(quick: bool):
             out.append((f"bert-ffn-out-b{b}-s{int(s * 100)}", prune_blocks(bert, b, s).astype(np.float16), b))
     if quick:
         out = [c for c in out if "s90" in c[0]]
+    if only:
+        out = [c for c in out if any(o in c[0] for o in only)]
     return out
 
 
@@ -88,16 +91,17 @@ def main():
                     help="a knob sweep over every case, per block size and width")
     ap.add_argument("--quick", action="store_true", help="90 %% sparsity only")
     ap.add_argument("--knobs", type=json.loads, default=None, help="knobs for every case (JSON), else defaults")
+    ap.add_argument("--cases", nargs="+", help="only the cases whose name contains one of these")
     ap.add_argument("--out")
     args = ap.parse_args()
     timed = make_timed("cuda")
     kernels = {}
     rows = []
-    for name, dense, b in suite_cases(args.quick):
+    for name, dense, b in suite_cases(args.quick, args.cases):
         A = formats.convert(dense, f"bsr:{b}x{b}")
         At = torch.from_numpy(dense).cuda()
         for feat in args.feats:
-            key = (b, feat)
+            key = (b, feat, dense.shape[0])  # the default knobs follow the matrix's rows
             if key not in kernels:
                 kernels[key] = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=args.knobs)
             k = kernels[key]
@@ -116,7 +120,7 @@ def main():
     sweep = []
     if args.sweep:  # each knob set compiled once per block size and width, run on every case of that block size
         by_block = {}
-        for name, dense, b in suite_cases(args.quick):
+        for name, dense, b in suite_cases(args.quick, args.cases):
             by_block.setdefault(b, []).append((name, dense, formats.convert(dense, f"bsr:{b}x{b}")))
         for b, feat in itertools.product(sorted(by_block), args.feats):
             for knobs in sweep_knobs(b, feat):

@@ -79,12 +79,13 @@ def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
     return True
 
 
-def schedule(program, **knobs):
+def schedule(program, *, rows: Optional[int] = None, **knobs):
     """The staged PrimFunc of ``program``'s shape scheduled by ``bsr_tensorcore``; returns
-    (schedule, knobs used). Knobs not given take ``default_knobs``; a knob the template
-    does not take (a generic CUDA knob, an unknown one) is a ValueError."""
+    (schedule, knobs used). Knobs not given take ``default_knobs`` (for ``rows``, the rows of
+    the matrix a kernel is compiled for, where known); a knob the template does not take (a
+    generic CUDA knob, an unknown one) is a ValueError."""
     check_applicable(knobs, [(bsr_tensorcore, (ANY,))], f"{program.name} on cuda (Tensor Cores)")
-    chosen = _resolve(program, knobs)
+    chosen = _resolve(program, knobs, rows)
     check_knobs(block_size(program), feat_of(program), **chosen)
     func = staged_for(program, chosen["n_tile"], chosen["stages"], async_copy=True, k_split=chosen["k_split"])
     sch = s_tir.Schedule(func, enable_check=False)
@@ -237,7 +238,11 @@ def _dense_extent(program, axis: str) -> int:
                      if b.loop.role == "dense" and b.loop.name == axis), 0))
 
 
-N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the default first
+N_TILES = (128, 64, 256, 32, 16, 8)
+# thread blocks a few-column grid keeps when its N tile widens (H100 sweep, 132 SMs: the widest
+# tile with at least this many blocks was the fastest on 4096 x 4096, 1024 x 4096 and 768 x 3072
+# weights with blocks of 16, 32 and 64 at 64 columns, ``benchmarks/time_bsr_small_feat.py --sweep``)
+FILL_BLOCKS = 96  # the declared choices of n_tile, the default first
 LAUNCH_DEFAULT_SMEM = 48 * 1024  # what a launch may use without the opt-in attribute
 MAX_SMEM = 227 * 1024  # per thread block, sm_90 (sm_80: 163 KiB: the tuner's pruning is for Hopper)
 
@@ -267,7 +272,7 @@ def smem_problem(bs: int, n_tile: int, stages: int, k_split: int = 1) -> Optiona
             "fewer k_split groups or a narrower n_tile")
 
 
-def default_knobs(bs: int, feat: int) -> dict:
+def default_knobs(bs: int, feat: int, rows: Optional[int] = None) -> dict:
     """Up to 64 feature columns, narrow N tiles (16 columns; 8 for blocks of 64 with at most
     16) and ``k_split`` groups up to 8 warps a thread block: a block row's walk is then
     short and its gathers in flight at once, which is what decides a product this small
@@ -275,13 +280,22 @@ def default_knobs(bs: int, feat: int) -> dict:
     ``benchmarks/time_bsr_small_feat.py --sweep``). Wider: the N tile that fits (128 where
     it divides the features, 64 otherwise), 4 warps for blocks of 16 and 32 and 8 for 64,
     one group. Groups, then stages, step down until the shared memory and the warps fit a
-    thread block (large blocks first take wider warp tiles)."""
+    thread block (large blocks first take wider warp tiles).
+
+    ``rows`` (the matrix's, when a kernel is compiled for one): from 17 to 64 columns the N
+    tile widens to 32 or 64 while the grid keeps :data:`FILL_BLOCKS` thread blocks, so A is
+    read fewer times (once at 64) without leaving SMs idle; the groups then fill 16 warps."""
     if feat <= 64:
         n_tile = 8 if feat <= 8 or (bs >= 64 and feat <= 16) else 16
+        if rows is not None and feat > 16:
+            block_rows = -(-int(rows) // bs)
+            n_tile = next((w for w in (64, 32) if w // 2 < feat and block_rows * -(-feat // w) >= FILL_BLOCKS),
+                          n_tile)
         warp_m = 32 if feat <= 16 and bs % 32 == 0 else 16
         chosen = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": min(n_tile, 16),
                   "stages": 4 if bs == 16 and feat <= 16 else 2}
-        chosen["k_split"] = max(1, 8 // (bs // warp_m))
+        per_group = (bs // warp_m) * (n_tile // chosen["warp_n"])
+        chosen["k_split"] = min(8, MAX_WARPS // per_group) if n_tile > 16 else max(1, 8 // (bs // warp_m))
     elif bs == 16:
         n_tile = 128 if feat % 128 == 0 else 64
         chosen = {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3, "k_split": 1}
@@ -617,10 +631,10 @@ def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stage
     return warps
 
 
-def _resolve(program, knobs) -> dict:
-    """The knobs the template runs with: ``default_knobs`` for the block size and width,
-    overridden by those given."""
-    return {**default_knobs(block_size(program), feat_of(program)), **knobs}
+def _resolve(program, knobs, rows: Optional[int] = None) -> dict:
+    """The knobs the template runs with: ``default_knobs`` for the block size, width and
+    (where known) the matrix's rows, overridden by those given."""
+    return {**default_knobs(block_size(program), feat_of(program), rows), **knobs}
 
 
 def _prune(program, knobs):
