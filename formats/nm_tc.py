@@ -29,6 +29,12 @@ def _check(dense, n: int, m: int, vec: int):
         raise ValueError(f"N={n} should not exceed M={m}")
 
 
+def gathered_row_length(cols: int, n: int, m: int) -> int:
+    """The gathered row length of a ``cols``-column matrix packed as vector-wise N:M: N slots
+    per window of M columns, padded to a multiple of KC_ALIGN."""
+    return -(-(-(-int(cols) // m) * n) // KC_ALIGN) * KC_ALIGN
+
+
 def pack(dense, *, n: int, m: int, vec: int, dtype: str = "float16"):
     """``(values, cols)`` of a vector-wise N:M matrix (zeros where pruned); ValueError naming
     the row vector and window where more than N columns are used."""
@@ -49,7 +55,7 @@ def pack(dense, *, n: int, m: int, vec: int, dtype: str = "float16"):
     order = np.argsort(~used, axis=2, kind="stable")[:, :, :n]
     cols = (np.arange(nw)[None, :, None] * m + order).reshape(mp // vec, nw * n)
     cols = np.minimum(cols, k - 1)  # a partial last window pads with in-range columns (value 0)
-    kc = -(-(nw * n) // KC_ALIGN) * KC_ALIGN
+    kc = gathered_row_length(k, n, m)
     cols_p = np.zeros((mp // vec, kc), dtype=np.int32)
     cols_p[:, : nw * n] = cols
     gathered = np.take_along_axis(padded[:, :k].reshape(mp // vec, vec, k), cols[:, None, :].repeat(vec, 1), axis=2)

@@ -79,13 +79,13 @@ def applies(program, target_kind: str, knobs: dict | None = None) -> bool:
     return True
 
 
-def schedule(program, *, rows: Optional[int] = None, **knobs):
+def schedule(program, *, shape: Optional[Tuple[int, int]] = None, **knobs):
     """The staged PrimFunc of ``program``'s shape scheduled by ``bsr_tensorcore``; returns
-    (schedule, knobs used). Knobs not given take ``default_knobs`` (for ``rows``, the rows of
+    (schedule, knobs used). Knobs not given take ``default_knobs`` (for ``shape``, that of
     the matrix a kernel is compiled for, where known); a knob the template does not take (a
     generic CUDA knob, an unknown one) is a ValueError."""
     check_applicable(knobs, [(bsr_tensorcore, (ANY,))], f"{program.name} on cuda (Tensor Cores)")
-    chosen = _resolve(program, knobs, rows)
+    chosen = _resolve(program, knobs, shape)
     check_knobs(block_size(program), feat_of(program), **chosen)
     func = staged_for(program, chosen["n_tile"], chosen["stages"], async_copy=True, k_split=chosen["k_split"])
     sch = s_tir.Schedule(func, enable_check=False)
@@ -238,11 +238,13 @@ def _dense_extent(program, axis: str) -> int:
                      if b.loop.role == "dense" and b.loop.name == axis), 0))
 
 
-N_TILES = (128, 64, 256, 32, 16, 8)
-# thread blocks a few-column grid keeps when its N tile widens (H100 sweep, 132 SMs: the widest
-# tile with at least this many blocks was the fastest on 4096 x 4096, 1024 x 4096 and 768 x 3072
-# weights with blocks of 16, 32 and 64 at 64 columns, ``benchmarks/time_bsr_small_feat.py --sweep``)
-FILL_BLOCKS = 96  # the declared choices of n_tile, the default first
+N_TILES = (128, 64, 256, 32, 16, 8)  # the declared choices of n_tile, the default first
+# When a few-column grid widens its N tile (A then read once at 64 columns, not 4 times): the
+# thread blocks it must keep and the columns its walks must span. The H100 sweep at 64 columns
+# (``benchmarks/time_bsr_small_feat.py --sweep``): a wider tile won on 4096 x 4096 (blocks of
+# 16, 32, 64) and 1024 x 4096 (16) and lost on every weight of 384 columns and at fewer blocks
+WIDE_TILE_BLOCKS = 128
+WIDE_TILE_COLS = 2048
 LAUNCH_DEFAULT_SMEM = 48 * 1024  # what a launch may use without the opt-in attribute
 MAX_SMEM = 227 * 1024  # per thread block, sm_90 (sm_80: 163 KiB: the tuner's pruning is for Hopper)
 
@@ -272,7 +274,7 @@ def smem_problem(bs: int, n_tile: int, stages: int, k_split: int = 1) -> Optiona
             "fewer k_split groups or a narrower n_tile")
 
 
-def default_knobs(bs: int, feat: int, rows: Optional[int] = None) -> dict:
+def default_knobs(bs: int, feat: int, shape: Optional[Tuple[int, int]] = None) -> dict:
     """Up to 64 feature columns, narrow N tiles (16 columns; 8 for blocks of 64 with at most
     16) and ``k_split`` groups up to 8 warps a thread block: a block row's walk is then
     short and its gathers in flight at once, which is what decides a product this small
@@ -282,20 +284,20 @@ def default_knobs(bs: int, feat: int, rows: Optional[int] = None) -> dict:
     one group. Groups, then stages, step down until the shared memory and the warps fit a
     thread block (large blocks first take wider warp tiles).
 
-    ``rows`` (the matrix's, when a kernel is compiled for one): from 17 to 64 columns the N
-    tile widens to 32 or 64 while the grid keeps :data:`FILL_BLOCKS` thread blocks, so A is
-    read fewer times (once at 64) without leaving SMs idle; the groups then fill 16 warps."""
+    ``shape`` (the matrix's rows and columns, when a kernel is compiled for one): from 17 to
+    64 features, a matrix of at least :data:`WIDE_TILE_COLS` columns takes the widest N tile
+    (64, 32) whose grid keeps :data:`WIDE_TILE_BLOCKS` thread blocks, with 64 / bs groups
+    (128 / bs for 32 columns, 4 stages deep): its long walks then read A fewer times."""
     if feat <= 64:
         n_tile = 8 if feat <= 8 or (bs >= 64 and feat <= 16) else 16
-        if rows is not None and feat > 16:
-            block_rows = -(-int(rows) // bs)
-            n_tile = next((w for w in (64, 32) if w // 2 < feat and block_rows * -(-feat // w) >= FILL_BLOCKS),
-                          n_tile)
-        warp_m = 32 if feat <= 16 and bs % 32 == 0 else 16
-        chosen = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": min(n_tile, 16),
-                  "stages": 4 if bs == 16 and feat <= 16 else 2}
-        per_group = (bs // warp_m) * (n_tile // chosen["warp_n"])
-        chosen["k_split"] = min(8, MAX_WARPS // per_group) if n_tile > 16 else max(1, 8 // (bs // warp_m))
+        wide = _wide_n_tile(bs, feat, shape)
+        if wide:
+            chosen = {"n_tile": wide, "warp_m": 32 if bs % 32 == 0 else 16, "warp_n": 16,
+                      "stages": 4 if wide == 32 else 2, "k_split": max(1, (128 if wide == 32 else 64) // bs)}
+        else:
+            warp_m = 32 if feat <= 16 and bs % 32 == 0 else 16
+            chosen = {"n_tile": n_tile, "warp_m": warp_m, "warp_n": min(n_tile, 16),
+                      "stages": 4 if bs == 16 and feat <= 16 else 2, "k_split": max(1, 8 // (bs // warp_m))}
     elif bs == 16:
         n_tile = 128 if feat % 128 == 0 else 64
         chosen = {"n_tile": n_tile, "warp_m": 16, "warp_n": 32 if n_tile == 128 else 16, "stages": 3, "k_split": 1}
@@ -321,6 +323,15 @@ def default_knobs(bs: int, feat: int, rows: Optional[int] = None) -> dict:
         else:
             break
     return chosen
+
+
+def _wide_n_tile(bs: int, feat: int, shape: Optional[Tuple[int, int]]) -> Optional[int]:
+    """The wider N tile (64 or 32) :func:`default_knobs` gives a matrix of ``shape`` at
+    ``feat`` features, or None (the narrow tile stays)."""
+    if shape is None or feat <= 16 or int(shape[1]) < WIDE_TILE_COLS:
+        return None
+    block_rows = -(-int(shape[0]) // bs)
+    return next((w for w in (64, 32) if w // 2 < feat and block_rows * -(-feat // w) >= WIDE_TILE_BLOCKS), None)
 
 
 def vector_width(feat: int, widest: int) -> int:
@@ -631,10 +642,10 @@ def check_knobs(bs: int, feat: int, n_tile: int, warp_m: int, warp_n: int, stage
     return warps
 
 
-def _resolve(program, knobs, rows: Optional[int] = None) -> dict:
+def _resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> dict:
     """The knobs the template runs with: ``default_knobs`` for the block size, width and
-    (where known) the matrix's rows, overridden by those given."""
-    return {**default_knobs(block_size(program), feat_of(program), rows), **knobs}
+    (where known) the matrix's shape, overridden by those given."""
+    return {**default_knobs(block_size(program), feat_of(program), shape), **knobs}
 
 
 def _prune(program, knobs):

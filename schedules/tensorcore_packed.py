@@ -212,6 +212,11 @@ def _pipeline_resolve(program, knobs, kc: Optional[int] = None, shape: Optional[
     row vector, feature count (and gathered row length and matrix shape, where known),
     overridden by those given."""
     m = match(program, "cuda")
+    if kc is None and shape is not None and m.layout == "gather":  # what packing this shape gives
+        from sparsec.formats.nm_tc import gathered_row_length
+
+        fmt = program.bound.parts[0]
+        kc = gathered_row_length(shape[1], int(fmt.param("n")), int(fmt.param("m")))
     return {**default_pipeline_knobs(m.layout, m.vec, m.feat, kc, shape), **knobs}
 
 
@@ -336,9 +341,9 @@ def srbcrs_default_knobs(feat: int, vec: int, rows: Optional[int] = None) -> dic
     return {"n_bytes": 16, "warps": 4} if wide else {"n_bytes": 8, "warps": 8}
 
 
-def _srbcrs_resolve(program, knobs) -> dict:
+def _srbcrs_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> dict:
     m = match(program, "cuda")
-    return {**srbcrs_default_knobs(m.feat, m.vec), **knobs}
+    return {**srbcrs_default_knobs(m.feat, m.vec, None if shape is None else shape[0]), **knobs}
 
 
 def _srbcrs_prune(program, knobs) -> Optional[str]:

@@ -92,7 +92,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
         mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]
     elif tensorcore.applies(program, spec.kind, knobs):  # BSR fp16/bf16 SpMM on Tensor Cores
-        sch, used = tensorcore.schedule(program, rows=None if instance is None else instance.shape[0], **(knobs or {}))
+        sch, used = tensorcore.schedule(program, shape=None if instance is None else instance.shape, **(knobs or {}))
         mod, config = sch.mod, tensorcore.PASS_CONFIG
     elif tensorcore_sddmm.applies(program, spec.kind, knobs):  # block SDDMM fp16/bf16 on Tensor Cores
         sch, used = tensorcore_sddmm.schedule(program, **(knobs or {}))

@@ -155,20 +155,21 @@ def test_few_columns_split_a_block_row_over_warp_groups(kernels):
     assert store.count("C_s_shared_ptr") == 4  # four groups' accumulators read per output vector
 
 
-@pytest.mark.parametrize("rows,n_tile,k_split", [(4096, 64, 4), (1024, 32, 4), (384, 16, 8), (None, 16, 8)])
-def test_few_columns_widen_the_n_tile_while_the_grid_stays_full(rows, n_tile, k_split):
-    """With 64 columns the default takes the widest N tile whose grid keeps FILL_BLOCKS
-    thread blocks (A read once at 64), and its groups fill the warps that frees; with no
-    rows known (a format spec alone) the narrow tile stays."""
-    knobs = tc.default_knobs(16, 64, rows)
+@pytest.mark.parametrize("shape,n_tile,k_split", [((4096, 4096), 64, 4), ((1024, 4096), 32, 8),
+                                                   ((1536, 384), 16, 8), ((768, 3072), 16, 8), (None, 16, 8)])
+def test_few_columns_widen_the_n_tile_for_long_walks_on_a_full_grid(shape, n_tile, k_split):
+    """With 64 columns a matrix of at least WIDE_TILE_COLS columns takes the widest N tile
+    whose grid keeps WIDE_TILE_BLOCKS thread blocks (A read once at 64); short walks, small
+    grids and a format spec alone (no shape known) keep the narrow tile."""
+    knobs = tc.default_knobs(16, 64, shape)
     assert (knobs["n_tile"], knobs["k_split"]) == (n_tile, k_split)
     assert tc.check_knobs(16, 64, **knobs) <= tc.MAX_WARPS
 
 
-def test_a_kernel_compiled_for_a_matrix_takes_its_rows_default():
-    m = sparsec.formats.convert(block_matrix(16, 64, 8, 1024, 128, seed=3, density=0.3), "bsr:16x16")
+def test_a_kernel_compiled_for_a_matrix_takes_its_shapes_default():
+    m = sparsec.formats.convert(block_matrix(16, 64, 256, 1024, 4096, seed=3, density=0.3), "bsr:16x16")
     k = sparsec.compile("spmm", m, feat=64, dtype="float16", target="cuda:sm_90a")
-    assert k.knobs == tc.default_knobs(16, 64, 1024) and k.knobs["n_tile"] == 32
+    assert k.knobs == tc.default_knobs(16, 64, (1024, 4096)) and k.knobs["n_tile"] == 32
 
 
 @pytest.mark.parametrize("knobs,message", [({"k_split": 0}, "k_split should be a positive int"),

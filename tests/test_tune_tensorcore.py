@@ -89,6 +89,22 @@ def test_tensor_core_candidates_build_for_sm90a():
         assert want[c["format"].split(":")[0]] in nvcc_ptx(k.source(), "sm_90a")
 
 
+@pytest.mark.parametrize("fam,spec,dtype,rows,cols,feat", [("bsr", "bsr:16x16", "float16", 1024, 4096, 64),
+                                                          ("nm_tc", "nm_tc:1:8:v128", "float16", 128, 4096, 512),
+                                                          ("mma_sp", "mma_sp", "float16", 4096, 512, 64),
+                                                          ("srbcrs", "srbcrs:v2,int8", "int8", 8192, 128, 64)])
+def test_the_spaces_untuned_candidate_is_the_kernel_compile_builds(fam, spec, dtype, rows, cols, feat):
+    """The baseline a search measures first is the kernel ``sparsec.compile`` builds for the
+    converted matrix, whose Tensor Core defaults follow its shape (BSR's N tile, the
+    pipeline's tiles by gathered row length, int8's warps by rows), not the defaults of a
+    format spec alone: a tuned record then never loses to the untuned kernel unmeasured."""
+    w = _blocky(rows, cols, 16, 0.3, seed=rows) if fam == "bsr" else _weight(2, rows, cols)
+    s = Space("spmm", w, feat, dtype, families=(fam,), size="small", target=TARGET)
+    inst, _ = workload.convert(w, spec, {}, dtype)
+    untuned = sparsec.compile("spmm", inst, feat=feat, target=TARGET)
+    assert s.format_default(spec)["schedule_knobs"] == untuned.knobs
+
+
 def _fake_ms(c):
     """Times from the knobs alone: warps_m=2 with k_steps=4 is the fastest, whatever the matrix
     (the untuned kernel has warps_m=4 at 64 features)."""

@@ -31,6 +31,7 @@ Search strategy, decided here (each rule names why when it prunes):
 """
 from __future__ import annotations
 
+import inspect
 import json
 from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -194,7 +195,7 @@ class Space:
         for u in uses:
             t = u.transformation
             mine = {k: knobs.get(k, t.knobs[k].default) for k in u.knobs}
-            resolved = t.resolve(u.subjects[0], {} if resolve_all else mine) if t.resolve else {}
+            resolved = _resolved(t, u.subjects[0], {} if resolve_all else mine, self.matrix.shape) if t.resolve else {}
             for k in u.knobs:
                 v = resolved.get(k, mine[k])
                 out[k] = v if v in t.knobs[k].choices else mine[k]
@@ -332,3 +333,12 @@ def _product(grid: Dict[str, Sequence[Any]]) -> Iterable[dict]:
     names = list(grid)
     for values in np.ndindex(*[len(grid[n]) for n in names]):
         yield {n: grid[n][i] for n, i in zip(names, values)}
+
+
+def _resolved(t, subject, knobs: dict, shape) -> dict:
+    """``t``'s resolve of ``knobs`` for ``subject``, given the matrix's ``shape`` where the
+    template picks its defaults by it (the Tensor Core templates do, as ``sparsec.compile``
+    does for a converted matrix): the space's untuned kernel is then the one compile builds."""
+    if "shape" in inspect.signature(t.resolve).parameters:
+        return t.resolve(subject, knobs, shape=tuple(int(d) for d in shape))
+    return t.resolve(subject, knobs)
