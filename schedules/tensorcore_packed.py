@@ -392,14 +392,15 @@ def schedule(program, m: PackedSpmm, **knobs):
     ValueError naming it."""
     t = transformation_for(m)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
+    # the matrix's shape (and gathered row length), when known, pick the defaults
     shape = m.sized_for[:2] if m.sized_for else None
-    if t is tc_pipeline_spmm:  # the matrix's gathered row length and shape, when known, pick the tiles
+    if t is tc_pipeline_spmm:
         knobs = _pipeline_resolve(program, knobs, m.kc, shape)
-    elif shape is not None:  # its row count picks the int8 kernel's warps
-        knobs = {**srbcrs_default_knobs(m.feat, m.vec, shape[0]), **knobs}
+    else:
+        knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()
     built.sized_for = m.sized_for
-    used = t(built, program, **t.resolve(program, knobs))
+    used = t(built, program, **knobs)
     return built, used
 
 
