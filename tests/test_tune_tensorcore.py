@@ -97,12 +97,15 @@ def test_the_spaces_untuned_candidate_is_the_kernel_compile_builds(fam, spec, dt
     """The baseline a search measures first is the kernel ``sparsec.compile`` builds for the
     converted matrix, whose Tensor Core defaults follow its shape (BSR's N tile, the
     pipeline's tiles by gathered row length, int8's warps by rows), not the defaults of a
-    format spec alone: a tuned record then never loses to the untuned kernel unmeasured."""
+    format spec alone: a tuned record then never loses to the untuned kernel unmeasured.
+    For BSR that is the largest block the matrix fills (16 here: a 32 x 32 block would be
+    mostly padding), not the CSR kernel sparsec picks for the matrix as a whole."""
     w = _blocky(rows, cols, 16, 0.3, seed=rows) if fam == "bsr" else _weight(2, rows, cols)
     s = Space("spmm", w, feat, dtype, families=(fam,), size="small", target=TARGET)
     inst, _ = workload.convert(w, spec, {}, dtype)
     untuned = sparsec.compile("spmm", inst, feat=feat, target=TARGET)
     assert s.format_default(spec)["schedule_knobs"] == untuned.knobs
+    assert s.default == s.format_default(spec)  # the search measures it in its first round
 
 
 def _fake_ms(c):

@@ -151,11 +151,17 @@ class Space:
 
     # ---- the default: what sparsec does untuned ----------------------------------------------
     def _default(self) -> dict:
-        """sparsec's untuned choice; when only packed Tensor Core families are searched, the
-        first one's untuned kernel instead: they compute a pruned or quantized matrix, so
-        the untuned kernel of the full matrix is no baseline for them."""
+        """sparsec's untuned choice among the families searched. When only packed Tensor
+        Core families are searched, the first one's untuned kernel: they compute a pruned or
+        quantized matrix, so the untuned kernel of the full matrix is no baseline for them.
+        When only block families are (BSR, with or without packed ones), the untuned kernel
+        of the largest block the matrix fills: what ``sparsec.compile`` builds for it (on
+        Tensor Cores from 16 x 16 in fp16), not a CSR kernel the search never looks at."""
         packed = [spec for fam, (dtype, specs) in TC_FORMATS.items()
                   if fam in self.families and self.dtype == dtype for spec in specs]
+        blocks = [c["format"] for c in self.candidates if c["format"].startswith("bsr:")]
+        if blocks and all(f in BASELINE_FAMILIES for f in self.families):
+            return self.format_default(max(blocks, key=lambda spec: int(spec.split(":")[1].split("x")[0])))
         if packed and all(f in TC_FORMATS for f in self.families):
             return self.format_default(packed[0])
         fam = default_format(self.op, self.stats, self.feat)
