@@ -136,6 +136,14 @@ def feature_major(x2: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _transposer(rows: int, cols: int, dtype: str, arch: str):
+    """The tiled transpose kernel of a (rows, cols) ``dtype`` matrix, built once per shape."""
+    from .schedules import transpose
+
+    return transpose.build(rows, cols, dtype, arch)["transpose"]
+
+
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")

@@ -100,6 +100,15 @@ def test_transpose_kernel_moves_16_byte_chunks_and_names_sizes_it_cannot_take():
         transpose.transpose(64, 64, "float32")
 
 
+def test_feature_major_builds_the_transpose_kernel_it_launches():
+    """SparseFFN's one transpose: on CUDA, feature_major launches the tiled kernel built by
+    ``_transposer`` (which once went missing: a NameError on the GPU host alone); elsewhere
+    it is torch's own transpose."""
+    assert callable(tl._transposer(64, 32, "float16", "sm_90a"))
+    x = torch.arange(12, dtype=torch.float16).reshape(3, 4)
+    assert torch.equal(tl.feature_major(x), x.t().contiguous())
+
+
 SP24 = "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32"
 GATHER = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 
