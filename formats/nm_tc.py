@@ -8,15 +8,21 @@ of M columns (NM-SpMM's vector-wise N:M). Stored as:
   is padded with other columns of the window, whose values are 0), then zeros up to Kc;
 * ``values`` (Mp, Kc) float16/bfloat16: row r's values at its vector's ``cols``.
 
-Mp is M rounded up to V and Kc = ceil(K / M) * N rounded up to 16, so a kernel walks Kc in
-whole steps of 16 and loads 8 values at once. ``values @ B[cols]`` per vector is the
+Mp is M rounded up to V and Kc = ceil(K / M) * N rounded up to 32 (:data:`KC_PACK`), so a
+kernel walks Kc in whole 32-deep pipeline stages and loads 8 values at once (arrays given
+from elsewhere need only a multiple of 16, :data:`KC_ALIGN`). ``values @ B[cols]`` per vector is the
 product, which is why only N/M of B's rows are ever read.
 """
 from __future__ import annotations
 
 import numpy as np
 
-KC_ALIGN = 16
+KC_ALIGN = 16  # a gathered row length the kernels take: whole 16-deep k-steps
+# ... and the one packing produces: whole stages of two k-steps. A 1:10 768-column layer packs
+# 77 slots into 96 rather than 80, and its 3072 x 768 up-projection at 4096 tokens took 20.7
+# against 24.5 us (H200, benchmarks/results/ffn_parity_H200.json): a part-stage tail costs more
+# than the zero slots
+KC_PACK = 32
 
 
 def _check(dense, n: int, m: int, vec: int):
@@ -31,8 +37,8 @@ def _check(dense, n: int, m: int, vec: int):
 
 def gathered_row_length(cols: int, n: int, m: int) -> int:
     """The gathered row length of a ``cols``-column matrix packed as vector-wise N:M: N slots
-    per window of M columns, padded to a multiple of KC_ALIGN."""
-    return -(-(-(-int(cols) // m) * n) // KC_ALIGN) * KC_ALIGN
+    per window of M columns, padded to a multiple of KC_PACK."""
+    return -(-(-(-int(cols) // m) * n) // KC_PACK) * KC_PACK
 
 
 def pack(dense, *, n: int, m: int, vec: int, dtype: str = "float16"):
