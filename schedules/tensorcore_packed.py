@@ -320,25 +320,23 @@ def tc_pipeline_spmm(built, program, **knobs):
     built.mod = IRModule({program.name: func})
 
 
-# the int8 kernel's 16 bytes / 4 warps set (twice the columns a warp, half the warps) where the matrix
-# makes at least this many of its warps, by row vector length; 8 bytes / 8 warps below, and at V = 8
-SRBCRS_WIDE_FROM = {2: 3072, 4: 12288}
+# the int8 kernel's 8 bytes of B a lane and 2 warps a block where that grid -- a block per vector row
+# and 128 columns -- still has this many blocks; 8 bytes / 8 warps below (few vector rows)
+SRBCRS_FEW_WARPS_FROM = 384
 
 
 def srbcrs_default_knobs(feat: int, vec: int, rows: Optional[int] = None) -> dict:
-    """The int8 kernel's knobs when none are given, from the committed H200 run
-    (``results/lowprec_int8_H200.json``, 288 cases, each timed with 8 bytes of B a lane and
-    8 warps a block and with 16 bytes and 4 warps): 16 / 4 halves the warps and doubles each
-    one's work, which pays once the matrix still makes many warps -- ``ceil(rows / V) *
-    ceil(feat / 128)`` at least :data:`SRBCRS_WIDE_FROM` for V = 2 and 4 -- and never paid
-    at V = 8. Against the best of the two per case: geomean 0.996, worst 0.93, where the rule
-    by width alone (16 / 4 from 8192 columns with V <= 4) gave 0.994 and 0.86. Without
-    ``rows`` (a kernel compiled for a format spec) that rule by width is what is left."""
-    if rows is None:
-        wide = feat >= 8192 and vec <= 4
-    else:
-        wide = vec in SRBCRS_WIDE_FROM and -(-int(rows) // vec) * -(-int(feat) // 128) >= SRBCRS_WIDE_FROM[vec]
-    return {"n_bytes": 16, "warps": 4} if wide else {"n_bytes": 8, "warps": 8}
+    """The int8 kernel's knobs when none are given, from the H200 sweep of 9 settings (4, 8,
+    16 bytes x 2, 4, 8 warps) over the 288 cases of ``results/lowprec_int8_H200.json``
+    (``results/int8_knobs_H200.json``): 8 bytes / 2 warps (each warp 64 columns, two a
+    block) won most cases at every V and width, once the grid had blocks enough to fill the
+    GPU -- ``ceil(rows / V) * ceil(feat / 128)`` at least :data:`SRBCRS_FEW_WARPS_FROM` --
+    and 8 / 8 below. Against the best of the two settings the hand-written kernel was run
+    with (16 / 4, 8 / 8): geomean 1.086, worst 0.944; always 8 / 2 gave 1.083 and 0.829,
+    which is the rule without ``rows`` (a kernel compiled for a format spec)."""
+    if rows is not None and -(-int(rows) // vec) * -(-int(feat) // 128) < SRBCRS_FEW_WARPS_FROM:
+        return {"n_bytes": 8, "warps": 8}
+    return {"n_bytes": 8, "warps": 2}
 
 
 def _srbcrs_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> dict:

@@ -49,25 +49,25 @@ def test_pipeline_default_from_512_columns_and_narrow_row_vectors():
 
 
 @pytest.mark.parametrize("feat, vec, rows, want", [
-    (16, 2, 3072, (8, 8)),  # 1536 warps of the 16-byte kernel: too few
-    (2048, 2, 384, (16, 4)),  # 192 vector rows x 16 column groups = 3072 warps
-    (2048, 2, 256, (8, 8)),
-    (8192, 4, 384, (8, 8)),  # 96 x 64 = 6144 < 12288
-    (8192, 4, 768, (16, 4)),
-    (8192, 8, 3072, (8, 8)),  # never at V = 8
-    (8192, 4, None, (16, 4)), (2048, 2, None, (8, 8)),  # no matrix: by width alone
+    (16, 2, 768, (8, 2)),  # 384 vector rows x 1 column group: blocks enough
+    (16, 2, 766, (8, 8)),  # 383
+    (16, 8, 768, (8, 8)),  # 96 vector rows
+    (2048, 8, 768, (8, 2)),  # 96 x 16 = 1536
+    (256, 4, 384, (8, 8)),  # 96 x 2 = 192
+    (8192, 4, None, (8, 2)), (16, 8, None, (8, 2)),  # no matrix: 8 / 2, the best single setting
 ])
-def test_srbcrs_default_by_the_warps_the_matrix_makes(feat, vec, rows, want):
+def test_srbcrs_default_by_the_blocks_the_matrix_makes(feat, vec, rows, want):
     knobs = srbcrs_default_knobs(feat, vec, rows)
     assert (knobs["n_bytes"], knobs["warps"]) == want
 
 
 def test_compiled_int8_kernel_takes_the_rule_of_its_matrix_rows():
     q = np.where(np.random.default_rng(1).random((512, 64)) < 0.3, 3, 0).astype(np.float32)
-    A = formats.convert(q, "srbcrs:v2,int8")
-    assert build.compile("spmm", A, target="cuda:sm_90a", feat=2048).knobs == {"n_bytes": 16, "warps": 4}
-    assert build.compile("spmm", "srbcrs:v2,int8", target="cuda:sm_90a", dtype="int8", feat=2048).knobs == \
-        {"n_bytes": 8, "warps": 8}
+    A = formats.convert(q, "srbcrs:v2,int8")  # 256 vector rows
+    assert build.compile("spmm", A, target="cuda:sm_90a", feat=128).knobs == {"n_bytes": 8, "warps": 8}
+    assert build.compile("spmm", A, target="cuda:sm_90a", feat=256).knobs == {"n_bytes": 8, "warps": 2}
+    assert build.compile("spmm", "srbcrs:v2,int8", target="cuda:sm_90a", dtype="int8", feat=128).knobs == \
+        {"n_bytes": 8, "warps": 2}
 
 
 # ---------------------------------------------------------------- the same CUDA as the hand-written kernel
