@@ -93,6 +93,43 @@ def reference(A, B, bias=None):
     return c
 
 
+def check_bfloat16_layers(rng, rows_out):
+    """``tc_linear.TensorCoreLinear`` in bfloat16 (its matrix a float32 instance, packed to
+    bfloat16 by the layer; the kernel still carries the body sized for it) against float64
+    on NaN-poisoned outputs: vector-wise N:M weights with a pruned-away row, odd sizes, a
+    bias and GELU, token-major and feature-major outputs."""
+    import math
+
+    import torch
+
+    from sparsec.tc_linear import TensorCoreLinear, prune
+
+    ok_all = True
+    for pattern, (rows, cols), tokens in (("nm_tc:1,10", (300, 770), 16), ("nm_tc:2,8", (768, 3072), 200),
+                                          ("nm_tc:1,4", (1000, 515), 64)):
+        w = prune(rng.standard_normal((rows, cols)).astype(np.float32), pattern)
+        w[min(3, rows - 1)] = 0
+        w = torch.from_numpy(w).bfloat16().float()  # the weight the layer holds, exactly
+        bias = torch.from_numpy(rng.standard_normal(rows).astype(np.float32))
+        layer = TensorCoreLinear.from_dense(w, bias, pattern, activation="gelu", dtype=torch.bfloat16)
+        x = torch.randn(cols, tokens, device="cuda").bfloat16()
+        h = w.double().cuda() @ x.double() + bias.double().cuda()[:, None]
+        ref = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
+        for token_major in (True, False):
+            got = layer.forward_feature_major(x, token_major).double()
+            got = got.t() if token_major else got
+            err = float(torch.nan_to_num((got - ref).abs() / (ref.abs() + 1), nan=math.inf).max())
+            sized = layer.kernel(tokens, token_major).source().count("__global__") == 4
+            ok = err <= 2e-2 and sized
+            ok_all &= ok
+            rows_out.append({"spec": pattern + " bfloat16 layer", "op": "token-major" if token_major else
+                             "feature-major", "rows": rows, "cols": cols, "feat": tokens, "tensor_core": True,
+                             "sized_body": sized, "err": err, "ok": ok})
+            print(f"{'ok ' if ok else 'BAD'} {pattern + ' bf16':<16} {'layer, gelu':<22} {rows}x{cols} "
+                  f"tokens={tokens:<4} sized={sized} err={err:.2e}", flush=True)
+    return ok_all
+
+
 def check_correctness(rng, rows_out, suites=("nm", "int8")):
     import torch
 
@@ -267,6 +304,8 @@ def main():
     rng = np.random.default_rng(23)
     checks, speed = [], []
     ok = True if args.skip_checks else check_correctness(rng, checks, args.suites)
+    if not args.skip_checks and "nm" in args.suites:
+        ok = check_bfloat16_layers(rng, checks) and ok
     if not args.skip_speed:
         if "nm" in args.suites:
             speed_nm(rng, args.quick, speed, args.widths)

@@ -93,6 +93,12 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     if layout == "gather" and feat % 16:
         return None  # ldmatrix.x4.trans takes two 8-column tiles of B at once
     vec = int(fmt.param("vec", 1))
+    if layout == "gather" and kc is None and shape is not None:
+        # a matrix that does not carry the packing (a bfloat16 layer's float32 instance): the
+        # row length packing its shape gives, as ``formats.nm_tc`` would pack it
+        from sparsec.formats.nm_tc import gathered_row_length
+
+        kc = gathered_row_length(shape[1], int(fmt.param("n")), int(fmt.param("m")))
     sized = None
     if shape is not None and (layout != "gather" or kc):
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
@@ -212,11 +218,6 @@ def _pipeline_resolve(program, knobs, kc: Optional[int] = None, shape: Optional[
     row vector, feature count (and gathered row length and matrix shape, where known),
     overridden by those given."""
     m = match(program, "cuda")
-    if kc is None and shape is not None and m.layout == "gather":  # what packing this shape gives
-        from sparsec.formats.nm_tc import gathered_row_length
-
-        fmt = program.bound.parts[0]
-        kc = gathered_row_length(shape[1], int(fmt.param("n")), int(fmt.param("m")))
     return {**default_pipeline_knobs(m.layout, m.vec, m.feat, kc, shape), **knobs}
 
 

@@ -141,6 +141,18 @@ def test_layer_kernel_is_sparsec_compile_of_its_operator_on_tensor_cores(pattern
     assert layer.kernel(64) is k  # compiled once per pattern, token count and layout
 
 
+def test_bfloat16_layer_kernel_carries_the_body_sized_for_its_weight():
+    """A bfloat16 layer's matrix is a float32 instance (the formats pack float16), which
+    carries no packed rows: its kernel still takes the row length that packing gives, so it
+    has the sized body and the knobs of the float16 layer's kernel."""
+    w = tl.prune(np.random.default_rng(5).standard_normal((256, 770)).astype(np.float32), "nm_tc:1,10")
+    half, bf16 = (tl.TensorCoreLinear.from_dense(w, None, "nm_tc:1,10", device="cpu", dtype=dt)
+                  for dt in (torch.float16, torch.bfloat16))
+    assert "gather_values" not in bf16.instance.arrays and bf16.values.shape == half.values.shape
+    kh, kb = half.kernel(1024), bf16.kernel(1024)
+    assert kb.knobs == kh.knobs and kb.source().count("__global__") == kh.source().count("__global__") == 4
+
+
 def test_layer_operator_computes_the_linear_layer_on_the_llvm_target():
     """The operator the layer compiles (bias per output feature, GELU, float16 output written
     token-major) against float64 on a poisoned output, through the generic llvm kernel."""
