@@ -40,6 +40,10 @@ OPERANDS = {
 }
 
 
+# gather mode takes a multiple of 16 columns of B: ldmatrix.x4.trans loads two 8-column tiles at once
+GATHER_FEAT_ALIGN = 16
+
+
 @dataclass(frozen=True)
 class PackedSpmm:
     """What :func:`match` found: the layout, the feature count, the epilogue and the names
@@ -90,8 +94,8 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     if layout != "srbcrs_int8" and (out_dtype not in tpp.OUT_DTYPES
                                     or bias_dtype not in ("", "float32", program.dtype.sparse)):
         return None
-    if layout == "gather" and feat % 16:
-        return None  # ldmatrix.x4.trans takes two 8-column tiles of B at once
+    if layout == "gather" and feat % GATHER_FEAT_ALIGN:
+        return None
     vec = int(fmt.param("vec", 1))
     if layout == "gather" and kc is None and shape is not None:
         # a matrix that does not carry the packing (a bfloat16 layer's float32 instance): the

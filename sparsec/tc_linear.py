@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .kernel import on_torch_stream
+from .schedules.tensorcore_packed import GATHER_FEAT_ALIGN
 
 __all__ = ["TensorCoreLinear", "SparseFFN", "PATTERNS", "parse_pattern", "feature_major", "prune"]
 
@@ -206,9 +207,9 @@ class TensorCoreLinear(torch.nn.Module):
         return layer.to(device)
 
     def kernel(self, tokens: int, token_major_out: bool = True, arch: str = "sm_90a"):
-        """The compiled ``sparsec.Kernel`` this layer runs for ``tokens`` columns (its CUDA
-        source with ``.source()``; compiling needs no GPU)."""
-        return _kernel(self, int(tokens), bool(token_major_out), arch)
+        """The compiled ``sparsec.Kernel`` this layer runs for ``tokens`` columns (for
+        :meth:`kernel_tokens` of them; its CUDA source with ``.source()``; compiling needs no GPU)."""
+        return _kernel(self, self.kernel_tokens(tokens), bool(token_major_out), arch)
 
     # ---- running --------------------------------------------------------------------------
     @property
@@ -229,10 +230,13 @@ class TensorCoreLinear(torch.nn.Module):
         """The layer on activations held feature-major ``(in, tokens)``; returns
         ``(tokens, out)`` or, with ``token_major_out=False``, ``(out, tokens)``."""
         self._check_input(xt)
-        xt = xt if xt.is_contiguous() else xt.contiguous()
         tokens = int(xt.shape[1])
-        k = _kernel(self, tokens, token_major_out, _arch(xt.device))
-        shape = (tokens, self.out_features) if token_major_out else (self.out_features, tokens)
+        run = self.kernel_tokens(tokens)
+        if run != tokens:  # zero columns up to what the kernel takes; their outputs are dropped
+            xt = torch.nn.functional.pad(xt, (0, run - tokens))
+        xt = xt if xt.is_contiguous() else xt.contiguous()
+        k = _kernel(self, run, token_major_out, _arch(xt.device))
+        shape = (run, self.out_features) if token_major_out else (self.out_features, run)
         out = torch.empty(shape, dtype=xt.dtype, device=xt.device)
         bias = None if self.bias is None else self.bias.float()  # float32 even after module.half()
         packed = iter((self.values, self.index))
@@ -240,7 +244,16 @@ class TensorCoreLinear(torch.nn.Module):
         args = [next(packed) if p.role == "index" else by_role[p.role][p.name] for p in k.params]
         with on_torch_stream(True):
             k.executable[k.op_name](*args)
-        return out
+        if run == tokens:
+            return out
+        return out[:tokens] if token_major_out else out[:, :tokens]
+
+    def kernel_tokens(self, tokens: int) -> int:
+        """The token count the layer's kernel runs for ``tokens`` (vector-wise N:M takes a
+        multiple of 16 columns; at least 16, so an empty batch runs a tile of zeros)."""
+        if self.mode != "gather":
+            return max(int(tokens), 1)
+        return max(-(-int(tokens) // GATHER_FEAT_ALIGN), 1) * GATHER_FEAT_ALIGN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

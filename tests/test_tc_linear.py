@@ -153,6 +153,19 @@ def test_bfloat16_layer_kernel_carries_the_body_sized_for_its_weight():
     assert kb.knobs == kh.knobs and kb.source().count("__global__") == kh.source().count("__global__") == 4
 
 
+def test_token_counts_the_gathered_kernel_does_not_take_run_padded_to_16():
+    """Vector-wise N:M kernels load B 16 columns at a time; a layer given another token
+    count runs the kernel for the next multiple of 16 (the input padded with zeros, the
+    extra outputs dropped) rather than fail or fall to the CUDA cores; 2:4 runs as given."""
+    w = tl.prune(np.random.default_rng(6).standard_normal((256, 96)).astype(np.float32), "nm_tc:1,8")
+    layer = tl.TensorCoreLinear.from_dense(w, None, "nm_tc:1,8", device="cpu")
+    assert [layer.kernel_tokens(t) for t in (0, 1, 16, 17, 200)] == [16, 16, 16, 32, 208]
+    k = layer.kernel(200)
+    assert k is layer.kernel(208) and k.params[-1].shape == (208, "rows") and "warps_m" in k.knobs
+    sp = tl.TensorCoreLinear.from_dense(tl.prune(w, "mma_sp:2,4"), None, "mma_sp:2,4", device="cpu")
+    assert [sp.kernel_tokens(t) for t in (0, 37)] == [1, 37]
+
+
 def test_layer_operator_computes_the_linear_layer_on_the_llvm_target():
     """The operator the layer compiles (bias per output feature, GELU, float16 output written
     token-major) against float64 on a poisoned output, through the generic llvm kernel."""
