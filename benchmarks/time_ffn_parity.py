@@ -23,10 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
-
-import numpy as np
 
 import _preamble  # noqa: F401,E402
 
@@ -63,7 +59,7 @@ def main():
     import torch
 
     import sparsec
-    from sparsec.bench.report import table
+    from sparsec.bench.report import finish
     from sparsec.bench.timing import Timer
     from sparsec.kernel import on_torch_stream
     from sparsec.schedules import tc_pipeline
@@ -138,17 +134,11 @@ def main():
                        "static_over_compiled": times["static"] / times["compiled"]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    gpu = torch.cuda.get_device_name()
-    result = {"device": gpu, "command": "python3 benchmarks/time_ffn_parity.py " + " ".join(sys.argv[1:]),
-              "rows": rows}
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "ffn_parity.json").write_text(json.dumps(result, indent=1))
-    print(f"device: {gpu}")
     names = sorted({v for r in rows for v in r["ms"]}, key=lambda v: (v != "compiled", v))
-    print(table([("pattern", lambda r: r["pattern"]), ("layer", lambda r: r["layer"]),
-                 ("tokens:", lambda r: r["tokens"])]
-                + [(f"{v} us:", lambda r, v=v: f"{1e3 * r['ms'][v]:.2f}" if v in r["ms"] else "-") for v in names]
-                + [("hand/compiled:", lambda r: f"{r['hand_over_compiled']:.3f}")], rows))
+    columns = [("pattern", lambda r: r["pattern"]), ("layer", lambda r: r["layer"]), ("tokens:", lambda r: r["tokens"])]
+    finish(rows, columns + [(f"{v} us:", lambda r, v=v: f"{1e3 * r['ms'][v]:.2f}" if v in r["ms"] else "-") for v in names]
+           + [("hand/compiled:", lambda r: f"{r['hand_over_compiled']:.3f}")],
+           "cuda", out=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "ffn_parity.json"))
 
 
 if __name__ == "__main__":
