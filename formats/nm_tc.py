@@ -10,8 +10,8 @@ of M columns (NM-SpMM's vector-wise N:M). Stored as:
 
 Mp is M rounded up to V and Kc = ceil(K / M) * N rounded up to 32 (:data:`KC_PACK`), so a
 kernel walks Kc in whole 32-deep pipeline stages and loads 8 values at once (arrays given
-from elsewhere need only a multiple of 16, :data:`KC_ALIGN`). ``values @ B[cols]`` per vector is the
-product, which is why only N/M of B's rows are ever read.
+from elsewhere need only a multiple of 16, :data:`KC_ALIGN`). ``values @ B[cols]`` per
+vector is the product, which is why only N/M of B's rows are ever read.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import numpy as np
 
 KC_ALIGN = 16  # a gathered row length the kernels take: whole 16-deep k-steps
 # ... and the one packing produces: whole stages of two k-steps. A 1:10 768-column layer packs
-# 77 slots into 96 rather than 80, and its 3072 x 768 up-projection at 4096 tokens took 20.7
+# 77 slots into 96 rather than 80, and its 3072 x 768 up-projection at 4096 tokens took 20.5
 # against 24.5 us (H200, benchmarks/results/ffn_parity_H200.json): a part-stage tail costs more
 # than the zero slots
 KC_PACK = 32
