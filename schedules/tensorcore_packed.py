@@ -98,11 +98,8 @@ def match(program, target_kind: str, kc: Optional[int] = None,
         return None
     vec = int(fmt.param("vec", 1))
     if layout == "gather" and kc is None and shape is not None:
-        # a matrix that does not carry the packing (a bfloat16 layer's float32 instance): the
-        # row length packing its shape gives, as ``formats.nm_tc`` would pack it
-        from sparsec.formats.nm_tc import gathered_row_length
-
-        kc = gathered_row_length(shape[1], int(fmt.param("n")), int(fmt.param("m")))
+        # a matrix that does not carry the packing (a bfloat16 layer's float32 instance)
+        kc = _packed_row_length(fmt, shape)
     sized = None
     if shape is not None and (layout != "gather" or kc):
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
@@ -222,7 +219,16 @@ def _pipeline_resolve(program, knobs, kc: Optional[int] = None, shape: Optional[
     row vector, feature count (and gathered row length and matrix shape, where known),
     overridden by those given."""
     m = match(program, "cuda")
+    if kc is None and shape is not None and m.layout == "gather":  # e.g. the tuner's, with the shape alone
+        kc = _packed_row_length(program.bound.parts[0], shape)
     return {**default_pipeline_knobs(m.layout, m.vec, m.feat, kc, shape), **knobs}
+
+
+def _packed_row_length(fmt, shape: Tuple[int, int]) -> int:
+    """The gathered row length ``formats.nm_tc`` packs a matrix of ``shape`` to."""
+    from sparsec.formats.nm_tc import gathered_row_length
+
+    return gathered_row_length(shape[1], int(fmt.param("n")), int(fmt.param("m")))
 
 
 KC_STAGE = 32  # the gathered row length counted in whole stages of two 16-deep k-steps
