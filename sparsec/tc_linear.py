@@ -251,6 +251,8 @@ class TensorCoreLinear(torch.nn.Module):
     def kernel_tokens(self, tokens: int) -> int:
         """The token count the layer's kernel runs for ``tokens`` (vector-wise N:M takes a
         multiple of 16 columns; at least 16, so an empty batch runs a tile of zeros)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+            raise ValueError(f"tokens should be a non-negative int (the input's columns), got {tokens!r}")
         if self.mode != "gather":
             return max(int(tokens), 1)
         return max(-(-int(tokens) // GATHER_FEAT_ALIGN), 1) * GATHER_FEAT_ALIGN

@@ -164,6 +164,9 @@ def test_token_counts_the_gathered_kernel_does_not_take_run_padded_to_16():
     assert k is layer.kernel(208) and k.params[-1].shape == (208, "rows") and "warps_m" in k.knobs
     sp = tl.TensorCoreLinear.from_dense(tl.prune(w, "mma_sp:2,4"), None, "mma_sp:2,4", device="cpu")
     assert [sp.kernel_tokens(t) for t in (0, 37)] == [1, 37]
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="tokens should be a non-negative int"):
+            layer.kernel_tokens(bad)
 
 
 def test_layer_operator_computes_the_linear_layer_on_the_llvm_target():
