@@ -13,6 +13,9 @@ structure built once, with the map that carries A's values to its slots), the gr
 w.r.t. A's values an SDDMM on A's pattern. Kernels are compiled on first use for the
 matrix, the tensors' device (``llvm`` on the CPU, ``cuda`` on a GPU) and width, then
 cached; tensors go to them through DLPack, on the current CUDA stream, without copies.
+An eager call on plain tensors runs the op's body directly, skipping ``torch.library``'s
+dispatch (which tripled a small SpMM's host time); tracing, dispatch modes, meta tensors
+and calls that record a gradient still go through the registered ops.
 """
 from __future__ import annotations
 
@@ -83,11 +86,12 @@ def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
 def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
             dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Run the kernel on tensors already in place: argument order from its parameter list."""
-    if key not in _MATRICES:
+    layout = _LAYOUTS.get(key)
+    if layout is None or key not in _MATRICES:
         raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor "
                          "(and keep the SparseTensor alive while it is used)")
-    _, count, dtype = _LAYOUTS[key]
-    if values.dim() != 1 or values.numel() != count or str(values.dtype)[6:] != dtype:
+    _, count, dtype = layout
+    if values.dim() != 1 or values.numel() != count or values.dtype != _torch_dtype(dtype):
         raise ValueError(f"the values of {key} should be a 1-D {dtype} tensor of {count} entries (one per stored "
                          f"slot), got {str(values.dtype)[6:]} of shape {tuple(values.shape)}")
     func, recipe = _plan(op, key, dtype, int(dense[0].shape[1]), values.device.type)
@@ -109,14 +113,40 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
         else:
             shape = [values.numel()] if what.sparse else [sizes[d] if isinstance(d, str) else d for d in what.shape]
             args.append(torch.zeros(shape, dtype=getattr(torch, what.dtype), device=values.device))
-    with on_torch_stream(values.device.type == "cuda"):
+    if values.is_cuda:
+        with on_torch_stream(True):
+            func(*args)
+    else:
         func(*args)
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _out_dtype_of(values_dtype: torch.dtype) -> torch.dtype:
+    return getattr(torch, dtype_spec(str(values_dtype)[6:]).out)
+
+
 def _out_dtype(values: torch.Tensor) -> torch.dtype:
     """The kernels' output dtype for these sparse values (fp16 accumulates and returns fp32)."""
-    return getattr(torch, dtype_spec(str(values.dtype)[6:]).out)
+    return _out_dtype_of(values.dtype)
+
+
+def _eager(*tensors: torch.Tensor) -> bool:
+    """Whether an op may run its body directly rather than through ``torch.library``'s
+    dispatch, which costs tens of microseconds of host time a call: plain tensors with data
+    (meta tensors take the op's fake implementation), eager mode (no ``torch.compile``
+    tracing, no dispatch or function mode, which must see the op) and no gradient to record
+    (the ops' autograd is ``_SpMMFunction``'s)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and not t.is_meta and not (grad and t.requires_grad) for t in tensors)
 
 
 def _sizes(names: str, values: Sequence[int]) -> Dict[str, int]:
@@ -133,13 +163,24 @@ def _check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
 
 
 # ---- the custom ops ---------------------------------------------------------------------------
-@torch.library.custom_op("sparsec::spmm", mutates_args=())
-def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
-             b: torch.Tensor) -> torch.Tensor:
-    s = _sizes(size_names, sizes)
+def _spmm_body(key: str, index: List[torch.Tensor], values: torch.Tensor, s: Dict[str, int],
+               b: torch.Tensor) -> torch.Tensor:
     _check_dense("B", b, s["cols"], values)
     out = torch.empty((s["rows"], b.shape[1]), dtype=_out_dtype(values), device=b.device)  # every element written
     return _launch("spmm", key, index, values, s, [b], out)
+
+
+@torch.library.custom_op("sparsec::spmm", mutates_args=())
+def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
+             b: torch.Tensor) -> torch.Tensor:
+    return _spmm_body(key, index, values, _sizes(size_names, sizes), b)
+
+
+def _spmm(key, index, values, sizes, size_names, b, s: Optional[Dict[str, int]] = None) -> torch.Tensor:
+    """``sparsec::spmm``, its body called directly where :func:`_eager` allows."""
+    if _eager(values, b):
+        return _spmm_body(key, index, values, s if s is not None else _sizes(size_names, sizes), b)
+    return _spmm_op(key, index, values, sizes, size_names, b)
 
 
 @_spmm_op.register_fake
@@ -147,16 +188,27 @@ def _(key, index, values, sizes, size_names, b):
     return b.new_empty((_sizes(size_names, sizes)["rows"], b.shape[1]), dtype=_out_dtype(values))
 
 
-@torch.library.custom_op("sparsec::sddmm", mutates_args=())
-def _sddmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
-              x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    s = _sizes(size_names, sizes)
+def _sddmm_body(key: str, index: List[torch.Tensor], values: torch.Tensor, s: Dict[str, int],
+                x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _check_dense("X", x, s["rows"], values)
     _check_dense("Y", y, s["cols"], values)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"X and Y should have the same width, got {x.shape[1]} and {y.shape[1]}")
     out = torch.empty(values.shape, dtype=_out_dtype(values), device=values.device)
     return _launch("sddmm", key, index, values, s, [x, y], out)
+
+
+@torch.library.custom_op("sparsec::sddmm", mutates_args=())
+def _sddmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: List[int], size_names: str,
+              x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _sddmm_body(key, index, values, _sizes(size_names, sizes), x, y)
+
+
+def _sddmm(key, index, values, sizes, size_names, x, y, s: Optional[Dict[str, int]] = None) -> torch.Tensor:
+    """``sparsec::sddmm``, its body called directly where :func:`_eager` allows."""
+    if _eager(values, x, y):
+        return _sddmm_body(key, index, values, s if s is not None else _sizes(size_names, sizes), x, y)
+    return _sddmm_op(key, index, values, sizes, size_names, x, y)
 
 
 @_sddmm_op.register_fake
@@ -175,7 +227,7 @@ class _SpMMFunction(torch.autograd.Function):
     def forward(ctx, values, b, A):
         ctx.A = A
         ctx.save_for_backward(values, b)
-        return _spmm_op(A.key, A.index, values, A.sizes, A.size_names, b)
+        return _spmm(A.key, A.index, values, A.sizes, A.size_names, b, A.size_dict)
 
     @staticmethod
     def backward(ctx, grad):
@@ -186,11 +238,10 @@ class _SpMMFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             t_key, t_index, t_slots, t_sizes, t_size_names = A.transpose
             t_values = torch.cat([values, values.new_zeros(1)])[t_slots]
-            grad_b = _spmm_op(t_key, t_index, t_values, t_sizes, t_size_names, grad)
+            grad_b = _spmm(t_key, t_index, t_values, t_sizes, t_size_names, grad)
         if ctx.needs_input_grad[0]:
             ones = torch.ones_like(values) if A.entries is None else A.entries
-            grad_values = _sddmm_op(A.key, A.index, ones, A.sizes, A.size_names, grad,
-                                    b.contiguous())
+            grad_values = _sddmm(A.key, A.index, ones, A.sizes, A.size_names, grad, b.contiguous(), A.size_dict)
         return grad_values, grad_b, None
 
 
@@ -273,6 +324,7 @@ class SparseTensor:
                                                                                 dtype=self.values.dtype)
         sizes = scalar_values(inst)
         self.size_names, self.sizes = ",".join(sizes), [int(v) for v in sizes.values()]
+        self.size_dict = dict(zip(sizes, self.sizes))  # what an eager call reads (no parsing per call)
         self.transpose = None
         t_spec = transpose_spec(self.format)
         if grad and t_spec is None:
@@ -302,14 +354,14 @@ def spmm(A: SparseTensor, B: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
     if A.transpose is not None and (A.values.requires_grad or B.requires_grad) and torch.is_grad_enabled():
         return _SpMMFunction.apply(A.values, B, A)
-    return _spmm_op(A.key, A.index, A.values, A.sizes, A.size_names, B)
+    return _spmm(A.key, A.index, A.values, A.sizes, A.size_names, B, A.size_dict)
 
 
 def sddmm(A: SparseTensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """``A[i, j] * (X[i, :] . Y[j, :])`` at each stored slot of A (not differentiable)."""
     if not isinstance(A, SparseTensor):
         raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
-    return _sddmm_op(A.key, A.index, A.values, A.sizes, A.size_names, X, Y)
+    return _sddmm(A.key, A.index, A.values, A.sizes, A.size_names, X, Y, A.size_dict)
 
 
 class SparseLinear(torch.nn.Module):
