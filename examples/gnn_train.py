@@ -2,7 +2,8 @@
 """GNN training steps in eager PyTorch and captured as a CUDA graph: sparsec.torch against
 PyG (its ``edge_index`` path and its ``adj_t`` path on a torch sparse CSR tensor) and
 ``torch.sparse.mm``, the same two-layer GCN and GraphSAGE (same weights, outputs checked
-against each other), side by side in one run.
+against each other), and GAT against PyG's GATConv (``edge_index``; 4 heads, then 1, as
+``examples/gat.py``), side by side in one run.
 
     python examples/gnn_train.py                               # GPU host: the default graphs
     python examples/gnn_train.py --graph karate --steps 20     # any machine (CPU: correctness)
@@ -123,12 +124,14 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--models", nargs="*", default=["GCN", "GraphSAGE", "GAT"])
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args(argv)
     import torch
 
     import gnn_peers as gp
     import sparsec.torch as st
+    from gat import models as gat_models
     from gnn import build_models, mean_adjacency
     from sparsec.reference import max_rel_err
 
@@ -144,27 +147,38 @@ def main(argv=None) -> int:
         x, labels = gp.node_inputs(torch, n, args.features, args.classes, device)
         ei = torch.from_numpy(gp.edge_index(adj)).to(device)
         adj_t = gp.torch_csr(torch, adj, device)  # PyG's adj_t: row i lists the neighbours i aggregates
-        for mname, cls, pcls, mat in (("GCN", GCN, PGCN, st.gcn_norm(adj)), ("GraphSAGE", SAGE, PSAGE,
-                                                                            mean_adjacency(adj))):
-            a_sparsec = st.SparseTensor(mat, "auto", feat=args.hidden, device=device)
-            a_torch = gp.torch_csr(torch, mat, device)
-            torch.manual_seed(1)
-            ours = {k: cls().to(device) for k in ("sparsec", "torch.sparse")}
-            ours["torch.sparse"].load_state_dict(ours["sparsec"].state_dict())
-            pyg = {k: pcls().to(device) for k in ("pyg_edge_index", "pyg_adj_t")}
-            for m in pyg.values():
-                copy_weights(torch, mname, ours["sparsec"], m)
-            calls = {"sparsec": lambda m=ours["sparsec"]: m(st.spmm, a_sparsec, x),
-                     "torch.sparse": lambda m=ours["torch.sparse"]: m(torch.sparse.mm, a_torch, x),
-                     "pyg_edge_index": lambda m=pyg["pyg_edge_index"]: m(x, ei),
-                     "pyg_adj_t": lambda m=pyg["pyg_adj_t"]: m(x, adj_t)}
+        for mname in args.models:
+            if mname == "GAT":
+                A = st.gat_graph(ei, n, device=device)  # + self-loops, as PyG's GATConv
+                torch.manual_seed(1)
+                ours_gat, pyg_gat = (m.to(device) for m in gat_models(torch, st, args.features, args.hidden,
+                                                                       args.classes, 4, 1))
+                a_sparsec = A
+                params = {"sparsec": ours_gat, "pyg_edge_index": pyg_gat}
+                calls = {"sparsec": lambda m=ours_gat: m(x, A),
+                         "pyg_edge_index": lambda m=pyg_gat: m(x, {"edge_index": ei})}
+            else:
+                cls, pcls, mat = ((GCN, PGCN, st.gcn_norm(adj)) if mname == "GCN" else
+                                  (SAGE, PSAGE, mean_adjacency(adj)))
+                a_sparsec = st.SparseTensor(mat, "auto", feat=args.hidden, device=device)
+                a_torch = gp.torch_csr(torch, mat, device)
+                torch.manual_seed(1)
+                ours = {k: cls().to(device) for k in ("sparsec", "torch.sparse")}
+                ours["torch.sparse"].load_state_dict(ours["sparsec"].state_dict())
+                pyg = {k: pcls().to(device) for k in ("pyg_edge_index", "pyg_adj_t")}
+                for m in pyg.values():
+                    copy_weights(torch, mname, ours["sparsec"], m)
+                params = {"sparsec": ours["sparsec"], "torch.sparse": ours["torch.sparse"], **pyg}
+                calls = {"sparsec": lambda m=ours["sparsec"], a=a_sparsec: m(st.spmm, a, x),
+                         "torch.sparse": lambda m=ours["torch.sparse"], a=a_torch: m(torch.sparse.mm, a, x),
+                         "pyg_edge_index": lambda m=pyg["pyg_edge_index"]: m(x, ei),
+                         "pyg_adj_t": lambda m=pyg["pyg_adj_t"]: m(x, adj_t)}
             with torch.no_grad():
                 outs = {k: f().double() for k, f in calls.items()}
             row = {"graph": gname, "nodes": n, "edges": int(adj.nnz), "model": mname, "format": a_sparsec.format,
                    "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                    "max_rel_err_vs_sparsec": {k: max_rel_err(o, outs["sparsec"]) for k, o in outs.items()}}
             row["correct"] = all(e < 1e-4 for e in row["max_rel_err_vs_sparsec"].values())
-            params = {"sparsec": ours["sparsec"], "torch.sparse": ours["torch.sparse"], **pyg}
             for k, f in calls.items():
                 opt = torch.optim.SGD(params[k].parameters(), lr=1e-3)
 
@@ -178,7 +192,7 @@ def main(argv=None) -> int:
                 row[f"{k}_host_ms"] = host_ms(torch, step, min(args.steps, 20), sync)
                 if k == "sparsec" and device == "cuda":
                     row["sparsec_captured_ms"] = captured_ms(torch, step, args.steps)
-            best_pyg = min(row["pyg_edge_index_eager_ms"], row["pyg_adj_t_eager_ms"])
+            best_pyg = min(row[f"{k}_eager_ms"] for k in calls if k.startswith("pyg"))
             row["eager_speedup_vs_pyg_best"] = best_pyg / row["sparsec_eager_ms"]
             if "sparsec_captured_ms" in row:
                 row["captured_speedup_vs_pyg_best_eager"] = best_pyg / row["sparsec_captured_ms"]
@@ -193,11 +207,14 @@ def main(argv=None) -> int:
     print(f"\n{rows[0]['device'] if rows else device}")
     print(f"{'graph':<14} {'model':<9} {'nodes':>8} {'sparsec eager':>13} {'captured':>9} {'pyg ei':>8} "
           f"{'pyg adj_t':>9} {'torch.sp':>8} {'eager x':>8} {'capt x':>7} ok")
+    def ms(r, k):
+        v = r.get(k)
+        return "-" if v is None else f"{v:.3f}"
+
     for r in rows:
-        cap = r.get("sparsec_captured_ms")
-        print(f"{r['graph']:<14} {r['model']:<9} {r['nodes']:>8} {r['sparsec_eager_ms']:>13.3f} "
-              f"{cap if cap is None else round(cap, 3)!s:>9} {r['pyg_edge_index_eager_ms']:>8.3f} "
-              f"{r['pyg_adj_t_eager_ms']:>9.3f} {r['torch.sparse_eager_ms']:>8.3f} "
+        print(f"{r['graph']:<14} {r['model']:<9} {r['nodes']:>8} {ms(r, 'sparsec_eager_ms'):>13} "
+              f"{ms(r, 'sparsec_captured_ms'):>9} {ms(r, 'pyg_edge_index_eager_ms'):>8} "
+              f"{ms(r, 'pyg_adj_t_eager_ms'):>9} {ms(r, 'torch.sparse_eager_ms'):>8} "
               f"{r['eager_speedup_vs_pyg_best']:>8.2f} {r.get('captured_speedup_vs_pyg_best_eager', float('nan')):>7.2f} "
               f"{r['correct']}")
     return 0 if all(r["correct"] for r in rows) else 1
