@@ -258,7 +258,11 @@ def test_dsl_reductions(op, name, m):
     assert out.shape == ref.shape and out.dtype == np.float32
     stray = np.isnan(out) & ~np.isnan(ref)
     assert not stray.any(), f"{int(stray.sum())} NaN outputs, first at {np.argwhere(stray)[0]}"
-    err = reference.max_rel_err(out, ref)
+    if op == "rowsum":  # a sum that cancels: float32 rounding is bounded by the sum of magnitudes
+        bound = float(np.max(TEST_OPS[op][1](magnitude(inst)), initial=0))
+        err = float(np.max(np.abs(out.astype(np.float64) - ref), initial=0)) / bound if bound else 0.0
+    else:
+        err = reference.max_rel_err(out, ref)
     assert err < 1e-5, f"max relative error {err:.3g}"
 
 
