@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -28,17 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def per_call_us(fn, calls: int, repeat: int, sync) -> float:
     """Best of ``repeat`` rounds: wall time of ``calls`` calls, then one synchronisation, per call."""
-    for _ in range(20):
-        fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, time.perf_counter() - t)
-    return best / calls * 1e6
+    from sparsec.measure import back_to_back_ms
+
+    return back_to_back_ms(fn, calls, repeat, sync, warmup=20) * 1e3
 
 
 def main(argv=None) -> int:

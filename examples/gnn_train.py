@@ -74,15 +74,9 @@ def copy_weights(torch, mname, ours, pyg):
 
 
 def eager_ms(torch, step, steps, sync) -> float:
-    best = float("inf")
-    for _ in range(5):
-        sync()
-        t = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        best = min(best, time.perf_counter() - t)
-    return best / steps * 1e3
+    from sparsec.measure import back_to_back_ms
+
+    return back_to_back_ms(step, steps, 5, sync)
 
 
 def host_ms(torch, step, steps, sync) -> float:

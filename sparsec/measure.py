@@ -195,6 +195,23 @@ class Timer:
         return np.array([s.elapsed_time(e) / batch for s, e in zip(starts, ends)])
 
 
+def back_to_back_ms(fn: Callable[[], Any], calls: int, rounds: int = 5, sync: Callable[[], Any] = lambda: None,
+                    warmup: int = 0) -> float:
+    """Wall time per call of ``calls`` back-to-back calls, one ``sync`` (the device's) at the end
+    of each round, best of ``rounds``: what an eager loop costs, host and device overlapping."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    best = math.inf
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return best / calls * 1e3
+
+
 @contextlib.contextmanager
 def _capturing(graph, pool):
     """Capture into ``graph`` with sparsec (tvm_ffi) and CuPy launching on the capture stream."""

@@ -279,3 +279,17 @@ def test_finish_writes_the_rows_and_prints_a_right_aligned_table(tmp_path, capsy
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_back_to_back_ms_times_rounds_of_calls_with_one_sync_each():
+    """The eager-loop timing of the host-cost scripts: warm-up calls, then ``rounds`` rounds of
+    ``calls`` calls, each round ended by one sync; the best round per call, in ms."""
+    import time
+
+    from sparsec.measure import back_to_back_ms
+
+    calls, syncs = [], []
+    ms = back_to_back_ms(lambda: (calls.append(1), time.sleep(0.001)), 4, rounds=3,
+                         sync=lambda: syncs.append(1), warmup=2)
+    assert len(calls) == 2 + 3 * 4 and len(syncs) == 1 + 3
+    assert 1.0 <= ms < 50.0
