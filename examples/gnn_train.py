@@ -73,13 +73,7 @@ def copy_weights(torch, mname, ours, pyg):
                 conv.lin_r.weight.copy_(own.weight)
 
 
-def eager_ms(torch, step, steps, sync) -> float:
-    from sparsec.measure import back_to_back_ms
-
-    return back_to_back_ms(step, steps, 5, sync)
-
-
-def host_ms(torch, step, steps, sync) -> float:
+def host_ms(step, steps, sync) -> float:
     times = []
     for _ in range(steps):
         sync()
@@ -127,6 +121,7 @@ def main(argv=None) -> int:
     import sparsec.torch as st
     from gat import models as gat_models
     from gnn import build_models, mean_adjacency
+    from sparsec.measure import back_to_back_ms
     from sparsec.reference import max_rel_err
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -182,8 +177,8 @@ def main(argv=None) -> int:
                     opt.step()
 
                 step()
-                row[f"{k}_eager_ms"] = eager_ms(torch, step, args.steps, sync)
-                row[f"{k}_host_ms"] = host_ms(torch, step, min(args.steps, 20), sync)
+                row[f"{k}_eager_ms"] = back_to_back_ms(step, args.steps, 5, sync)
+                row[f"{k}_host_ms"] = host_ms(step, min(args.steps, 20), sync)
                 if k == "sparsec" and device == "cuda":
                     row["sparsec_captured_ms"] = captured_ms(torch, step, args.steps)
             best_pyg = min(row[f"{k}_eager_ms"] for k in calls if k.startswith("pyg"))

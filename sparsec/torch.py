@@ -113,10 +113,7 @@ def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tens
         else:
             shape = [values.numel()] if what.sparse else [sizes[d] if isinstance(d, str) else d for d in what.shape]
             args.append(torch.zeros(shape, dtype=getattr(torch, what.dtype), device=values.device))
-    if values.is_cuda:
-        with on_torch_stream(True):
-            func(*args)
-    else:
+    with on_torch_stream(values.is_cuda):
         func(*args)
     return out
 

@@ -3,11 +3,11 @@ numbers, case building, the CLI's errors, and CPU dry runs of the whole pipeline
 (``--target llvm``: torch's CPU peers, every result checked; times are not asserted)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,9 +152,9 @@ def test_small_helpers():
 
 
 def test_run_suite_gpu_names():
-    spec = importlib.util.spec_from_file_location("run_suite", os.path.join(ROOT, "benchmarks", "run_suite.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from script_modules import load_script
+
+    mod = load_script(Path(ROOT) / "benchmarks" / "run_suite.py", "run_suite")  # with its _preamble on the path
     assert mod.gpu_short_name("NVIDIA H200") == "H200"
     assert mod.gpu_short_name("NVIDIA H100 80GB HBM3") == "H100"
     assert mod.gpu_short_name("Some GPU (rev 2)") == "Some_GPU_rev_2"
@@ -277,10 +277,6 @@ def test_finish_writes_the_rows_and_prints_a_right_aligned_table(tmp_path, capsy
     assert lines == ["device: cpu, tokens 8", "| name | ms |", "|---|---:|", "| a | 1.50 |", "| b | 0.25 |"]
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_back_to_back_ms_times_rounds_of_calls_with_one_sync_each():
     """The eager-loop timing of the host-cost scripts: warm-up calls, then ``rounds`` rounds of
     ``calls`` calls, each round ended by one sync; the best round per call, in ms."""
@@ -293,3 +289,7 @@ def test_back_to_back_ms_times_rounds_of_calls_with_one_sync_each():
                          sync=lambda: syncs.append(1), warmup=2)
     assert len(calls) == 2 + 3 * 4 and len(syncs) == 1 + 3
     assert 1.0 <= ms < 50.0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -97,6 +97,8 @@ def test_eager_calls_skip_the_dispatcher_but_modes_and_tracing_see_the_ops(monke
     def no_dispatch(*a, **k):
         raise AssertionError("an eager call went through torch.library's dispatch")
 
+    meta = st.spmm(A, torch.empty((30, 8), device="meta"))  # shapes only: the op's fake implementation
+    assert meta.device.type == "meta" and tuple(meta.shape) == (40, 8)
     monkeypatch.setattr(st, "_spmm_op", no_dispatch)
     monkeypatch.setattr(st, "_sddmm_op", no_dispatch)
     with torch.no_grad():
