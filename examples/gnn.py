@@ -48,12 +48,6 @@ def graphs(names):
     return out or [("power-grid", default_matrix())]
 
 
-def mean_adjacency(adj):
-    """GraphSAGE's mean aggregator: ``D^-1 A`` (rows of isolated nodes stay zero)."""
-    d = np.asarray(adj.sum(axis=1)).ravel()
-    return (sp.diags(np.where(d > 0, 1.0 / np.maximum(d, 1), 0.0)) @ adj).tocsr().astype(np.float32)
-
-
 def build_models(torch, st, n_in, hidden, classes):
     """(GCN, SAGE) model classes parameterised by an ``aggregate(a, x)`` function."""
 
@@ -107,7 +101,7 @@ def main():
     rows = []
     for gname, adj in graphs(args.graph):
         n = adj.shape[0]
-        mats = {"GCN": st.gcn_norm(adj), "GraphSAGE": mean_adjacency(adj)}
+        mats = {"GCN": st.gcn_norm(adj), "GraphSAGE": st.mean_adjacency(adj)}
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(n, args.features, generator=gen).to(device)
         labels = torch.randint(0, args.classes, (n,), generator=gen).to(device)

@@ -10,14 +10,17 @@ against each other), and GAT against PyG's GATConv (``edge_index``; 4 heads, the
 
 Per (graph, model, contestant), each named in its record's ``method`` fields and never mixed
 within one ratio:
-  * ``eager_ms``: wall time per step of ``steps`` back-to-back eager steps (forward,
-    cross-entropy, backward, SGD), one synchronisation at the end, best of 5 rounds;
+  * ``eager_ms``: wall time per step of ``steps`` back-to-back eager steps (``zero_grad()``
+    with PyTorch's default ``set_to_none=True``, forward, cross-entropy, backward, SGD), one
+    synchronisation at the end, best of 5 rounds;
   * ``host_ms``: the median time a step's Python call takes to return when the GPU starts
     idle (the host's share: kernels run asynchronously);
   * ``captured_ms`` (sparsec): a whole step captured once with ``torch.cuda.graph`` (after a
     warm-up on a side stream) and replayed, CUDA events around ``steps`` replays.
-PyG's GCNConv runs with ``cached=True`` (its normalisation once, as sparsec's A_hat) and
-SAGEConv with mean aggregation. Results: ``--out`` JSON (``benchmarks/results/gnn_train_<gpu>.json``);
+sparsec's model is two of its layers (``sparsec.torch.GCNConv``, ``SAGEConv``: one autograd
+node each); torch.sparse's the same function composed of Linear, ``torch.sparse.mm`` and bias
+(``examples/gnn.py``). PyG's GCNConv runs with ``cached=True`` (its normalisation once, as
+sparsec's A_hat) and SAGEConv with mean aggregation. Results: ``--out`` JSON (``benchmarks/results/gnn_train_<gpu>.json``);
 a table last.
 """
 from __future__ import annotations
@@ -57,6 +60,42 @@ def pyg_models(torch, n_in, hidden, classes):
             return self.c2(torch.relu(self.c1(x, g)), g)
 
     return GCN, SAGE
+
+
+def sparsec_models(torch, st, n_in, hidden, classes):
+    """(GCN, SAGE) on sparsec.torch's layers (one autograd node each), ``forward(x, A)``."""
+
+    class GCN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = st.GCNConv(n_in, hidden), st.GCNConv(hidden, classes)
+
+        def forward(self, x, a):
+            return self.c2(a, torch.relu(self.c1(a, x)))
+
+    class SAGE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = st.SAGEConv(n_in, hidden), st.SAGEConv(hidden, classes)
+
+        def forward(self, x, a):
+            return self.c2(a, torch.relu(self.c1(a, x)))
+
+    return GCN, SAGE
+
+
+def copy_to_layers(torch, mname, ours, layers):
+    """sparsec's layer model given the weights of gnn.py's models."""
+    with torch.no_grad():
+        if mname == "GCN":
+            for conv, w, b in ((layers.c1, ours.w1, ours.b1), (layers.c2, ours.w2, ours.b2)):
+                conv.weight.copy_(w.weight.t())
+                conv.bias.copy_(b)
+        else:
+            for conv, own, neigh in ((layers.c1, ours.self1, ours.neigh1), (layers.c2, ours.self2, ours.neigh2)):
+                conv.weight_l.copy_(neigh.weight)
+                conv.weight_r.copy_(own.weight)
+                conv.bias.copy_(own.bias)
 
 
 def copy_weights(torch, mname, ours, pyg):
@@ -120,7 +159,7 @@ def main(argv=None) -> int:
     import gnn_peers as gp
     import sparsec.torch as st
     from gat import models as gat_models
-    from gnn import build_models, mean_adjacency
+    from gnn import build_models
     from sparsec.measure import back_to_back_ms
     from sparsec.reference import max_rel_err
 
@@ -128,6 +167,7 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     torch.backends.cuda.matmul.allow_tf32 = False
     GCN, SAGE = build_models(torch, st, args.features, args.hidden, args.classes)
+    LGCN, LSAGE = sparsec_models(torch, st, args.features, args.hidden, args.classes)
     PGCN, PSAGE = pyg_models(torch, args.features, args.hidden, args.classes)
     rows = []
     for gname in args.graph:
@@ -147,18 +187,18 @@ def main(argv=None) -> int:
                 calls = {"sparsec": lambda m=ours_gat: m(x, A),
                          "pyg_edge_index": lambda m=pyg_gat: m(x, {"edge_index": ei})}
             else:
-                cls, pcls, mat = ((GCN, PGCN, st.gcn_norm(adj)) if mname == "GCN" else
-                                  (SAGE, PSAGE, mean_adjacency(adj)))
+                cls, lcls, pcls, mat = ((GCN, LGCN, PGCN, st.gcn_norm(adj)) if mname == "GCN" else
+                                        (SAGE, LSAGE, PSAGE, st.mean_adjacency(adj)))
                 a_sparsec = st.SparseTensor(mat, "auto", feat=args.hidden, device=device)
                 a_torch = gp.torch_csr(torch, mat, device)
                 torch.manual_seed(1)
-                ours = {k: cls().to(device) for k in ("sparsec", "torch.sparse")}
-                ours["torch.sparse"].load_state_dict(ours["sparsec"].state_dict())
+                ours = {"torch.sparse": cls().to(device), "sparsec": lcls().to(device)}
+                copy_to_layers(torch, mname, ours["torch.sparse"], ours["sparsec"])
                 pyg = {k: pcls().to(device) for k in ("pyg_edge_index", "pyg_adj_t")}
                 for m in pyg.values():
-                    copy_weights(torch, mname, ours["sparsec"], m)
+                    copy_weights(torch, mname, ours["torch.sparse"], m)
                 params = {"sparsec": ours["sparsec"], "torch.sparse": ours["torch.sparse"], **pyg}
-                calls = {"sparsec": lambda m=ours["sparsec"], a=a_sparsec: m(st.spmm, a, x),
+                calls = {"sparsec": lambda m=ours["sparsec"], a=a_sparsec: m(x, a),
                          "torch.sparse": lambda m=ours["torch.sparse"], a=a_torch: m(torch.sparse.mm, a, x),
                          "pyg_edge_index": lambda m=pyg["pyg_edge_index"]: m(x, ei),
                          "pyg_adj_t": lambda m=pyg["pyg_adj_t"]: m(x, adj_t)}
@@ -172,7 +212,7 @@ def main(argv=None) -> int:
                 opt = torch.optim.SGD(params[k].parameters(), lr=1e-3)
 
                 def step(f=f, opt=opt):
-                    opt.zero_grad(set_to_none=False)
+                    opt.zero_grad()  # PyTorch's default, set_to_none=True; also inside the captured graph
                     torch.nn.functional.cross_entropy(f(), labels).backward()
                     opt.step()
 
@@ -185,7 +225,8 @@ def main(argv=None) -> int:
             row["eager_speedup_vs_pyg_best"] = best_pyg / row["sparsec_eager_ms"]
             if "sparsec_captured_ms" in row:
                 row["captured_speedup_vs_pyg_best_eager"] = best_pyg / row["sparsec_captured_ms"]
-            row["methods"] = {"eager_ms": f"wall per step, {args.steps} back-to-back steps, best of 5",
+            row["methods"] = {"eager_ms": f"wall per step, {args.steps} back-to-back steps (zero_grad set_to_none), "
+                                          "best of 5",
                               "host_ms": "median return time of one step's call, GPU idle before it",
                               "captured_ms": f"CUDA events around {args.steps} graph replays"}
             rows.append(row)

@@ -21,6 +21,43 @@ def spmm() -> Operator:
     return op
 
 
+def spmm_bias() -> Operator:
+    """SpMM plus a bias per column: ``C[i, k] = sum_j A[i, j] * B[j, k] + b[k]`` (a graph
+    convolution's output in one pass: the bias is stored with each row's sum, or is the value
+    a shared-row sum starts from, ``lower.fold_epilogue``)."""
+    op = Operator("spmm_bias", "C[i, k] = sum_j A[i, j] * B[j, k] + b[k]")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    K = op.dense_fixed("k", extent="feat")
+    A = op.sparse_input("A", (I, J))
+    B = op.dense_input("B", (J, K))
+    b = op.dense_input("b", (K,))
+    C = op.dense_output("C", (I, K))
+    with op.iterate([I, J, K], "SRS") as (i, j, k):
+        C[i, k] += A[i, j] * B[j, k]
+    with op.iterate([I, K], "SS") as (i, k):
+        C[i, k] = C[i, k] + b[k]
+    return op
+
+
+def spmm_add() -> Operator:
+    """SpMM plus a dense term: ``C[i, k] = sum_j A[i, j] * B[j, k] + R[i, k]`` (GraphSAGE's
+    neighbour mean plus its root term, in one pass)."""
+    op = Operator("spmm_add", "C[i, k] = sum_j A[i, j] * B[j, k] + R[i, k]")
+    I = op.dense_fixed("i")
+    J = op.sparse_variable("j", parent=I)
+    K = op.dense_fixed("k", extent="feat")
+    A = op.sparse_input("A", (I, J))
+    B = op.dense_input("B", (J, K))
+    R = op.dense_input("R", (I, K))
+    C = op.dense_output("C", (I, K))
+    with op.iterate([I, J, K], "SRS") as (i, j, k):
+        C[i, k] += A[i, j] * B[j, k]
+    with op.iterate([I, K], "SS") as (i, k):
+        C[i, k] = C[i, k] + R[i, k]
+    return op
+
+
 def sddmm() -> Operator:
     """SDDMM: ``C[i, j] = A[i, j] * sum_k X[i, k] * Y[j, k]`` over A's stored entries.
 
@@ -378,7 +415,8 @@ def gat_grad_cols(negative_slope: float = GAT_SLOPE) -> Operator:
     return op
 
 
-LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "sddmm": sddmm, "attention": attention,
+LIBRARY: Dict[str, Callable[[], Operator]] = {"spmm": spmm, "spmm_bias": spmm_bias, "spmm_add": spmm_add,
+                                              "sddmm": sddmm, "attention": attention,
                                               "multihead_spmm": multihead_spmm, "multihead_sddmm": multihead_sddmm,
                                               "gat": gat, "edge_softmax": edge_softmax, "gat_grad_rows": gat_grad_rows,
                                               "gat_grad_cols": gat_grad_cols, "rgcn": rgcn,

@@ -19,21 +19,22 @@ and calls that record a gradient still go through the registered ops.
 """
 from __future__ import annotations
 
-import functools
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .dtypes import dtype_spec
 from .formats import CompositeInstance, FormatInstance, convert
 from .formats.validate import check_before_launch, is_trusted
-from . import torch_launch
-from .kernel import index_arrays, on_torch_stream, scalar_values
+from . import torch_conv, torch_launch
+from .torch_launch import check_dense as _check_dense, eager as _eager, kernel_for
+from .torch_launch import launch_matrix_op as _launch, out_dtype as _out_dtype
+from .kernel import index_arrays, scalar_values
 
-__all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "gcn_norm", "kernel_for",
+__all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "SAGEConv", "mean_adjacency", "gcn_norm",
+           "kernel_for",
            "gat_graph", "gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
 # graph attention and multi-head products live in sparsec.torch_gnn (imported on first use)
 _GNN = ("gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv")
@@ -43,120 +44,11 @@ _GNN = ("gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edg
 # Matrices of live SparseTensors, by key (``sparsec.torch_launch`` keeps the registry, which
 # its generic launcher shares): a kernel is compiled for the converted matrix itself, so that
 # its format's automatic knobs and any tuning record for it apply.
-_MATRICES, _LAYOUTS = torch_launch.MATRICES, torch_launch.LAYOUTS
 _register = torch_launch.register
-
-
-@functools.lru_cache(maxsize=256)
-def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
-    """The compiled sparsec kernel for an op on a registered matrix, dtype, dense width and
-    device (``llvm`` on the CPU, ``cuda`` on a GPU); tuned knobs where a record exists."""
-    from .api import compile as sparsec_compile
-
-    inst = _MATRICES[key]
-    target = "llvm" if device_type == "cpu" else "cuda"
-    return sparsec_compile(op, inst, target=target, dtype=dtype, feat=feat, knobs="tuned")
-
-
-@functools.lru_cache(maxsize=256)
-def _plan(op: str, key: str, dtype: str, feat: int, device_type: str):
-    """(function, argument recipe) of a kernel: worked out once, so a call only fills slots."""
-    kernel = kernel_for(op, key, dtype, feat, device_type)
-    index_pos = {n: i for i, n in enumerate(_LAYOUTS[key][0])}
-    recipe, n_dense = [], 0
-    for p in kernel.params:
-        if p.role == "index" and p.name not in index_pos:  # a packed Tensor Core operand (2:4, N:M)
-            recipe.append(("packed", p.name))
-        elif p.role == "index":
-            recipe.append(("index", index_pos[p.name]))
-        elif p.role == "input" and p.sparse:
-            recipe.append(("values", None))
-        elif p.role == "input":
-            recipe.append(("dense", n_dense))
-            n_dense += 1
-        elif p.role == "output":
-            recipe.append(("out", None))
-        elif p.role == "temp":
-            recipe.append(("temp", p))
-        else:
-            recipe.append(("size", p.name))
-    return kernel.executable[kernel.op_name], tuple(recipe)
-
-
-def _launch(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
-            dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    """Run the kernel on tensors already in place: argument order from its parameter list."""
-    layout = _LAYOUTS.get(key)
-    if layout is None or key not in _MATRICES:
-        raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor "
-                         "(and keep the SparseTensor alive while it is used)")
-    _, count, dtype = layout
-    if values.dim() != 1 or values.numel() != count or values.dtype != _torch_dtype(dtype):
-        raise ValueError(f"the values of {key} should be a 1-D {dtype} tensor of {count} entries (one per stored "
-                         f"slot), got {str(values.dtype)[6:]} of shape {tuple(values.shape)}")
-    func, recipe = _plan(op, key, dtype, int(dense[0].shape[1]), values.device.type)
-    dense = [d if d.is_contiguous() else d.contiguous() for d in dense]
-    args = []
-    for kind, what in recipe:
-        if kind == "index":
-            args.append(index[what])
-        elif kind == "packed":
-            args.append(torch_launch.packed_operand(key, what, values))
-        elif kind == "values":
-            args.append(values)
-        elif kind == "dense":
-            args.append(dense[what])
-        elif kind == "out":
-            args.append(out)
-        elif kind == "size":
-            args.append(sizes[what])
-        else:
-            shape = [values.numel()] if what.sparse else [sizes[d] if isinstance(d, str) else d for d in what.shape]
-            args.append(torch.zeros(shape, dtype=getattr(torch, what.dtype), device=values.device))
-    with on_torch_stream(values.is_cuda):
-        func(*args)
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-@functools.lru_cache(maxsize=None)
-def _out_dtype_of(values_dtype: torch.dtype) -> torch.dtype:
-    return getattr(torch, dtype_spec(str(values_dtype)[6:]).out)
-
-
-def _out_dtype(values: torch.Tensor) -> torch.dtype:
-    """The kernels' output dtype for these sparse values (fp16 accumulates and returns fp32)."""
-    return _out_dtype_of(values.dtype)
-
-
-def _eager(*tensors: torch.Tensor) -> bool:
-    """Whether an op may run its body directly rather than through ``torch.library``'s
-    dispatch, which costs tens of microseconds of host time a call: plain tensors with data
-    (meta tensors take the op's fake implementation), eager mode (no ``torch.compile``
-    tracing, no dispatch or function mode, which must see the op) and no gradient to record
-    (the ops' autograd is ``_SpMMFunction``'s)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
-            torch._C._is_torch_function_mode_enabled():
-        return False
-    grad = torch.is_grad_enabled()
-    return all(type(t) is torch.Tensor and not t.is_meta and not (grad and t.requires_grad) for t in tensors)
 
 
 def _sizes(names: str, values: Sequence[int]) -> Dict[str, int]:
     return dict(zip(names.split(","), values))
-
-
-def _check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
-    if x.dim() != 2 or x.shape[0] != rows:
-        raise ValueError(f"{name} should be 2-D with {rows} rows, got shape {tuple(x.shape)}")
-    if x.dtype != values.dtype:
-        raise TypeError(f"{name} should be {values.dtype} like the sparse values, got {x.dtype}")
-    if x.device != values.device:
-        raise ValueError(f"{name} is on {x.device} but the sparse matrix is on {values.device}")
 
 
 # ---- the custom ops ---------------------------------------------------------------------------
@@ -233,9 +125,8 @@ class _SpMMFunction(torch.autograd.Function):
         grad = grad.contiguous().to(values.dtype)
         grad_values = grad_b = None
         if ctx.needs_input_grad[1]:
-            t_key, t_index, t_slots, t_sizes, t_size_names = A.transpose
-            t_values = torch.cat([values, values.new_zeros(1)])[t_slots]
-            grad_b = _spmm(t_key, t_index, t_values, t_sizes, t_size_names, grad)
+            t_key, t_index, _, t_sizes, t_size_names = A.transpose
+            grad_b = _spmm(t_key, t_index, A.transposed_values(values), t_sizes, t_size_names, grad)
         if ctx.needs_input_grad[0]:
             ones = torch.ones_like(values) if A.entries is None else A.entries
             grad_values = _sddmm(A.key, A.index, ones, A.sizes, A.size_names, grad, b.contiguous(), A.size_dict)
@@ -322,7 +213,7 @@ class SparseTensor:
         sizes = scalar_values(inst)
         self.size_names, self.sizes = ",".join(sizes), [int(v) for v in sizes.values()]
         self.size_dict = dict(zip(sizes, self.sizes))  # what an eager call reads (no parsing per call)
-        self.transpose = None
+        self.transpose, self._t_values = None, None
         t_spec = transpose_spec(self.format)
         if grad and t_spec is None:
             raise ValueError(f"{self.format} matrices have no backward pass here: converting the transpose "
@@ -330,11 +221,27 @@ class SparseTensor:
         if grad is not False and t_spec is not None:
             t_inst = self._t_instance = convert(inst.to_scipy().T.tocsr(), t_spec, dtype=inst.value_dtype)
             t_sizes = scalar_values(t_inst)
+            self.t_size_dict = dict(zip(t_sizes, (int(v) for v in t_sizes.values())))
             self.transpose = (_register(t_inst),
                               [torch.from_numpy(np.ascontiguousarray(a)).to(device)
                                for a in index_arrays(t_inst).values()],
                               torch.from_numpy(_slot_map(inst, t_inst)).to(device),
                               [int(v) for v in t_sizes.values()], ",".join(t_sizes))
+
+    def transposed_values(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (one per stored slot of A) carried to the slots of A's transpose, 0 at its
+        padding. Kept while ``values`` is the same unchanged tensor that requires no grad (a
+        fixed matrix: three launches fewer in every backward pass); values being trained
+        change each step, also inside a replayed CUDA graph, where no version count moves."""
+        if torch.compiler.is_compiling():  # traced: no Python state (the graph runs the gather each time)
+            return torch.cat([values, values.new_zeros(1)])[self.transpose[2]]
+        cached = self._t_values
+        if cached is not None and cached[0] is values and cached[1] == values._version:
+            return cached[2]
+        t_values = torch.cat([values.detach(), values.new_zeros(1)])[self.transpose[2]]
+        if not values.requires_grad and not (values.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._t_values = (values, values._version, t_values)
+        return t_values
 
     @property
     def device(self):
@@ -425,18 +332,80 @@ def gcn_norm(adj: sp.spmatrix) -> sp.csr_matrix:
     return (inv @ a @ inv).tocsr().astype(np.float32)
 
 
+def mean_adjacency(adj: sp.spmatrix) -> sp.csr_matrix:
+    """``D^-1 A``, GraphSAGE's mean aggregator as a matrix (row i averages the neighbours it
+    lists; rows of isolated nodes stay zero), float32 CSR."""
+    a = sp.csr_matrix(adj, dtype=np.float64)
+    d = np.asarray(a.sum(axis=1)).ravel()
+    return (sp.diags(np.where(d > 0, 1.0 / np.maximum(d, 1), 0.0)) @ a).tocsr().astype(np.float32)
+
+
+def _check_x(A, x: torch.Tensor, in_features: int):
+    if not isinstance(A, SparseTensor):
+        raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x should be a torch tensor, got {type(x).__name__}")
+    _check_dense("x", x, A.shape[1], A.values)
+    if x.shape[1] != in_features:
+        raise ValueError(f"x should have {in_features} features (the layer's in_features), got {x.shape[1]}")
+
+
+def _uniform(shape, bound: float) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+
+
 class GCNConv(torch.nn.Module):
-    """One graph convolution, ``A_hat @ (x @ W) + b`` (A_hat from :func:`gcn_norm`)."""
+    """One graph convolution, ``A_hat @ (x @ W) + b`` (A_hat from :func:`gcn_norm`; W is
+    in_features x out_features): one autograd node, the bias added by the SpMM's epilogue,
+    where the matrix is fixed (``sparsec.torch_conv``), else the ops composed."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty(in_features, out_features))
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _uniform((in_features, out_features), 1 / math.sqrt(in_features))
         self.bias = torch.nn.Parameter(torch.zeros(out_features)) if bias else None
-        torch.nn.init.uniform_(self.weight, -1 / math.sqrt(in_features), 1 / math.sqrt(in_features))
 
     def forward(self, a_hat: SparseTensor, x: torch.Tensor) -> torch.Tensor:
+        _check_x(a_hat, x, self.in_features)
+        if torch_conv.fused(a_hat, x, self.weight, self.bias):
+            return torch_conv.gcn(x if x.is_contiguous() else x.contiguous(), self.weight, self.bias, a_hat)
         h = spmm(a_hat, x @ self.weight)
         return h + self.bias if self.bias is not None else h
+
+
+class SAGEConv(torch.nn.Module):
+    """GraphSAGE with mean aggregation, ``mean_j x_j @ W_l^T + x @ W_r^T + b``, as PyG's
+    ``SAGEConv(aggr="mean")`` (its ``lin_l.weight``, ``lin_r.weight``, ``lin_l.bias``;
+    :meth:`load_pyg` copies them). ``a_mean``: :func:`mean_adjacency` of the graph as a
+    SparseTensor (row i lists the neighbours i aggregates). One autograd node, the root term
+    added by the SpMM's epilogue, where the matrix is fixed; else the ops composed."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1 / math.sqrt(in_features)
+        self.weight_l = _uniform((out_features, in_features), bound)
+        self.weight_r = _uniform((out_features, in_features), bound)
+        self.bias = _uniform((out_features,), bound) if bias else None
+
+    def forward(self, a_mean: SparseTensor, x: torch.Tensor) -> torch.Tensor:
+        _check_x(a_mean, x, self.in_features)
+        if a_mean.shape[0] != a_mean.shape[1]:
+            raise ValueError(f"a_mean should be square (nodes x nodes), got shape {a_mean.shape}")
+        if torch_conv.fused(a_mean, x, self.weight_l, self.weight_r, self.bias):
+            return torch_conv.sage(x if x.is_contiguous() else x.contiguous(), self.weight_l, self.weight_r,
+                                   self.bias, a_mean)
+        out = spmm(a_mean, x) @ self.weight_l.t() + x @ self.weight_r.t()
+        return out + self.bias if self.bias is not None else out
+
+    def load_pyg(self, conv) -> "SAGEConv":
+        """Take the weights of a PyG ``SAGEConv(aggr="mean")``."""
+        with torch.no_grad():
+            self.weight_l.copy_(conv.lin_l.weight)
+            self.weight_r.copy_(conv.lin_r.weight)
+            if self.bias is not None:
+                self.bias.copy_(conv.lin_l.bias)
+        return self
 
 
 def gat_graph(edges, num_nodes: Optional[int] = None, *, add_self_loops: bool = True, fmt: str = "auto",

@@ -30,9 +30,11 @@ from typing import Dict, List, Mapping, Sequence, Tuple, Union
 import torch
 
 from .dsl import Operator
-from .kernel import index_arrays, on_torch_stream
+from .dtypes import dtype_spec
+from .kernel import index_arrays
 
-__all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values", "packed_operand"]
+__all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values", "packed_operand", "kernel_for",
+           "launch_matrix_op", "eager", "check_dense", "out_dtype", "torch_dtype"]
 
 # Matrices of live SparseTensors (``sparsec.torch``), by key: a kernel is compiled for the
 # converted matrix itself, so that its format's automatic knobs and any tuning record for it
@@ -49,6 +51,130 @@ def register(inst) -> str:
     MATRICES[key] = inst
     LAYOUTS[key] = (tuple(index_arrays(inst)), int(inst.data.size), inst.value_dtype)
     return key
+
+# ---- sparsec.torch's matrix ops (SpMM, SDDMM and their epilogue variants) ----------------------
+# An op of the library on a registered matrix (``SparseTensor.key``), its dense operands in
+# the kernel's order: ``sparsec.torch`` and ``sparsec.torch_conv`` launch through these, so
+# that a call only checks what can differ and fills an argument list worked out once.
+@functools.lru_cache(maxsize=256)
+def kernel_for(op: str, key: str, dtype: str, feat: int, device_type: str):
+    """The compiled sparsec kernel for an op on a registered matrix, dtype, dense width and
+    device (``llvm`` on the CPU, ``cuda`` on a GPU); tuned knobs where a record exists."""
+    from .api import compile as sparsec_compile
+
+    inst = MATRICES[key]
+    target = "llvm" if device_type == "cpu" else "cuda"
+    return sparsec_compile(op, inst, target=target, dtype=dtype, feat=feat, knobs="tuned")
+
+
+@functools.lru_cache(maxsize=256)
+def _matrix_plan(op: str, key: str, dtype: str, feat: int, device_type: str):
+    """(function, argument recipe, direct caller) of a kernel: worked out once, so that a call
+    only fills slots. The caller, where every argument is a tensor or size already at hand,
+    is one generated expression ``lambda f, index, values, dense, out, sizes: f(index[0], ...)``:
+    a loop over the recipe cost about a microsecond of host time per call."""
+    kernel = kernel_for(op, key, dtype, feat, device_type)
+    index_pos = {n: i for i, n in enumerate(LAYOUTS[key][0])}
+    recipe, n_dense = [], 0
+    for p in kernel.params:
+        if p.role == "index" and p.name not in index_pos:  # a packed Tensor Core operand (2:4, N:M)
+            recipe.append(("packed", p.name))
+        elif p.role == "index":
+            recipe.append(("index", index_pos[p.name]))
+        elif p.role == "input" and p.sparse:
+            recipe.append(("values", None))
+        elif p.role == "input":
+            recipe.append(("dense", n_dense))
+            n_dense += 1
+        elif p.role == "output":
+            recipe.append(("out", None))
+        elif p.role == "temp":
+            recipe.append(("temp", p))
+        else:
+            recipe.append(("size", p.name))
+    direct = {"index": "index[{}]", "values": "values", "dense": "dense[{}]", "out": "out", "size": "sizes[{!r}]"}
+    caller = None
+    if all(kind in direct for kind, _ in recipe):
+        expr = ", ".join(direct[kind].format(what) for kind, what in recipe)
+        caller = eval(f"lambda f, index, values, dense, out, sizes: f({expr})")  # noqa: S307 (names from the kernel)
+    return kernel.executable[kernel.op_name], tuple(recipe), caller
+
+
+def launch_matrix_op(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
+            dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Run the kernel on tensors already in place: argument order from its parameter list.
+    tvm_ffi launches on torch's current CUDA stream, which it reads from the tensor arguments."""
+    layout = LAYOUTS.get(key)
+    if layout is None or key not in MATRICES:
+        raise ValueError(f"unknown sparse matrix {key!r}: build it with sparsec.torch.SparseTensor "
+                         "(and keep the SparseTensor alive while it is used)")
+    _, count, dtype = layout
+    if values.dim() != 1 or values.numel() != count or values.dtype != torch_dtype(dtype):
+        raise ValueError(f"the values of {key} should be a 1-D {dtype} tensor of {count} entries (one per stored "
+                         f"slot), got {str(values.dtype)[6:]} of shape {tuple(values.shape)}")
+    func, recipe, caller = _matrix_plan(op, key, dtype, int(dense[0].shape[1]), values.device.type)
+    dense = [d if d.is_contiguous() else d.contiguous() for d in dense]
+    if caller is not None:
+        caller(func, index, values, dense, out, sizes)
+        return out
+    args = []
+    for kind, what in recipe:
+        if kind == "index":
+            args.append(index[what])
+        elif kind == "packed":
+            args.append(packed_operand(key, what, values))
+        elif kind == "values":
+            args.append(values)
+        elif kind == "dense":
+            args.append(dense[what])
+        elif kind == "out":
+            args.append(out)
+        elif kind == "size":
+            args.append(sizes[what])
+        else:
+            shape = [values.numel()] if what.sparse else [sizes[d] if isinstance(d, str) else d for d in what.shape]
+            args.append(torch.zeros(shape, dtype=getattr(torch, what.dtype), device=values.device))
+    func(*args)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _out_dtype_of(values_dtype: torch.dtype) -> torch.dtype:
+    return getattr(torch, dtype_spec(str(values_dtype)[6:]).out)
+
+
+def out_dtype(values: torch.Tensor) -> torch.dtype:
+    """The kernels' output dtype for these sparse values (fp16 accumulates and returns fp32)."""
+    return _out_dtype_of(values.dtype)
+
+
+def eager(*tensors: torch.Tensor) -> bool:
+    """Whether an op may run its body directly rather than through ``torch.library``'s
+    dispatch, which costs tens of microseconds of host time a call: plain tensors with data
+    (meta tensors take the op's fake implementation), eager mode (no ``torch.compile``
+    tracing, no dispatch or function mode, which must see the op) and no gradient to record
+    (the ops' autograd is ``_SpMMFunction``'s)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and not t.is_meta and not (grad and t.requires_grad) for t in tensors)
+
+
+def check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
+    if x.dim() != 2 or x.shape[0] != rows:
+        raise ValueError(f"{name} should be 2-D with {rows} rows, got shape {tuple(x.shape)}")
+    if x.dtype != values.dtype:
+        raise TypeError(f"{name} should be {values.dtype} like the sparse values, got {x.dtype}")
+    if x.device != values.device:
+        raise ValueError(f"{name} is on {x.device} but the sparse matrix is on {values.device}")
+
+
 
 _OPERATORS: Dict[str, Operator] = {}  # name -> the definition first launched under it
 
@@ -220,6 +346,5 @@ def run(op: Union[str, Operator], A: MatrixArgs, inputs: Mapping[str, torch.Tens
             args.append(out)
         else:
             args.append(int(A.sizes[what]))
-    with on_torch_stream(device.type == "cuda"):
-        func(*args)
+    func(*args)  # tvm_ffi launches on torch's current stream, read from the torch tensor arguments
     return [outs[n] for n in out_names]

@@ -247,7 +247,7 @@ def test_torch_launch_hands_packed_operands_packed_from_the_values_given():
     from sparsec import torch_launch
 
     A = st.SparseTensor(_two_four(32, 64, 7), "nm:2:4", dtype=np.float16)
-    _, recipe = st._plan("spmm", A.key, "float16", 16, "cuda")  # compiles for CUDA (no GPU needed)
+    _, recipe, _ = torch_launch._matrix_plan("spmm", A.key, "float16", 16, "cuda")  # compiles for CUDA (no GPU needed)
     assert [r for r in recipe if r[0] == "packed"] == [("packed", "sp24_values"), ("packed", "sp24_meta")]
     first = torch_launch.packed_operand(A.key, "sp24_values", A.values)
     assert torch_launch.packed_operand(A.key, "sp24_values", A.values) is first

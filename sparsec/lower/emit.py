@@ -82,7 +82,8 @@ def _loads(e: Expr) -> List[Load]:
 
 def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool, target_dtype: str = ""):
     all_reads = []
-    for e in [nest.value] + [i for i in nest.target.index] + ([nest.write_guard] if nest.write_guard is not None else []):
+    for e in [nest.value] + [i for i in nest.target.index] + [g for g in (nest.write_guard, nest.init_value)
+                                                              if g is not None]:
         all_reads += [l.buffer for l in _loads(e)]
     for blk in nest.blocks:
         for b in blk:
@@ -119,6 +120,8 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool, ta
                 cond = guards[0] if len(guards) == 1 else BinOp("and", guards[0], guards[1])
                 p(depth, f"T.where({render(cond, 'int32', own)})")
             reads = [l for l in _loads(nest.value)] + [l for i in nest.target.index for l in _loads(i)]
+            if nest.init_value is not None:
+                reads += _loads(nest.init_value)
             bound_here = set(let_vars(nest.value))  # a lookup's search reads where its steps lead: the whole array
             read_txt = ", ".join(dict.fromkeys(
                 _full(l.buffer, shapes) if any(isinstance(n, Var) and n.name in bound_here for n in walk(l)) else
@@ -133,7 +136,8 @@ def _emit_nest(p: _Printer, nest: LoopNest, shapes, dtype: str, atomic: bool, ta
                 p(depth, f'T.sblock_attr({{"{ATOMIC_ATTR}": 1}})')
             if nest.reduce is not None and (nest.init or atomic):
                 p(depth, "with T.init():")
-                p(depth + 1, f"{target} = {render(_identity(nest.reduce), target_dtype or dtype)}")
+                start = _identity(nest.reduce) if nest.init_value is None or atomic else nest.init_value
+                p(depth + 1, f"{target} = {render(start, target_dtype or dtype)}")
             lets, value = hoist_lets(nest.value)  # a lookup's search: one statement per step
             for var, bound in lets:
                 p(depth, f"{var.name}: T.int32 = {render(bound, 'int32')}")

@@ -173,9 +173,15 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
             value = cast(value_dtype[target.buffer], value)
         blocks = [[type(b)(b.loop, transform(b.extent, resolve)) for b in blk] for blk in nest.blocks]
         guard = transform(nest.write_guard, resolve) if nest.write_guard is not None else None
-        nests.append(replace(nest, blocks=blocks, target=target, value=value, write_guard=guard))
+        init_value = nest.init_value
+        if init_value is not None:
+            init_value = _cast_values(transform(init_value, resolve), value_dtype, spec.out)
+            if value_dtype[target.buffer] != spec.out:
+                init_value = cast(value_dtype[target.buffer], init_value)
+        nests.append(replace(nest, blocks=blocks, target=target, value=value, write_guard=guard,
+                             init_value=init_value))
 
-    read = {n.buffer for nest in nests for e in [nest.value, nest.write_guard] if e is not None
+    read = {n.buffer for nest in nests for e in [nest.value, nest.write_guard, nest.init_value] if e is not None
             for n in walk(e) if isinstance(n, Load)}
     buffers: List[BufferDecl] = []
     size_vars: List[str] = []

@@ -6,7 +6,8 @@ into it, atomically on CUDA; an epilogue after it cannot fuse into any one part'
 (``schedules.epilogue``) and is a pass of its own over the output. When that epilogue only
 adds a term that does not read the output, ``C[i, k] = C[i, k] + t(i, k)`` (a bias), the
 sum may as well start from ``t``: the fill stores ``t`` instead of 0 and the epilogue's pass
-is gone -- RGCN's bias costs nothing. Exact by associativity up to the order of the float
+is gone -- RGCN's bias costs nothing. A part that owns its rows (a composite with disjoint
+rows fills only the rows no part covers) starts them from the term instead of 0. Exact by associativity up to the order of the float
 additions, which atomics leave unspecified anyway.
 """
 from __future__ import annotations
@@ -50,9 +51,18 @@ def _fold(nests: List[LoopNest], e: int) -> Optional[tuple]:
     f, fill = fills[0]
     if not (isinstance(fill.value, Const) and fill.value.value == 0) or not _plain_index(fill.target):
         return None
-    names = {a.name: b for a, b in zip(epi.target.index, fill.target.index)}
-    renamed = transform(term, lambda x: names.get(x.name) if isinstance(x, Var) else None)
-    return f, replace(fill, value=renamed)
+    owners = [(n, p) for n, p in producers if not p.fill and p.init]
+    if any(p.init_value is not None or p.reduce != "sum" for _, p in owners):
+        return None
+    for n, p in owners:  # a part owning its rows starts them from the term, not from 0
+        nests[n] = replace(p, init_value=_at(term, epi.target, p.target))
+    return f, replace(fill, value=_at(term, epi.target, fill.target))
+
+
+def _at(term: Expr, epi_target: Load, target: Load) -> Expr:
+    """``term`` (in the epilogue's iterators) at the element a nest's ``target`` writes."""
+    names = {a.name: b for a, b in zip(epi_target.index, target.index)}
+    return transform(term, lambda x: names.get(x.name) if isinstance(x, Var) else None)
 
 
 def _added_term(epi: LoopNest) -> Optional[Expr]:

@@ -152,6 +152,7 @@ class LoopNest:
     dense: bool = False  # a dense iteration's nest: loops over coordinates, no sparse structure
     origin: str = ""  # the DSL iteration it comes from (its parts and fill nest share it)
     template: str = ""  # a schedule that emits this nest's kernel itself (CUDA: "segment_contract")
+    init_value: Optional[Expr] = None  # what an owning nest's T.init stores (a folded epilogue's term), else 0
 
 
 @dataclass

@@ -1,0 +1,120 @@
+"""The one-node forms of ``sparsec.torch``'s graph convolutions: ``GCNConv`` (Kipf and
+Welling) and ``SAGEConv`` (GraphSAGE, mean aggregation) call :func:`gcn` and :func:`sage`,
+each layer one autograd node, where :func:`fused` allows.
+
+Why one node: on graphs of 10^4-10^5 nodes a layer's kernels take microseconds and the host's
+cost per op decides an eager training step (issue 27). Written as Linear + SpMM + bias, a
+layer records five autograd nodes and launches an op per term; here the forward is a matmul
+and one SpMM whose epilogue adds the bias or the root term (``ops.spmm_bias``,
+``ops.spmm_add``: one kernel for CSR), the backward the SpMM on A's transpose and the weight
+products, in one Python node. The matrix is fixed (its values need no gradient) and must
+have its transpose (built by ``SparseTensor`` for csr, ell, hyb and bsr); otherwise, and
+under ``torch.compile`` or a dispatch mode, the layers compose the registered ops instead
+(same function, more nodes). This module sits below ``sparsec.torch``: it takes the matrix
+by its attributes and launches through ``sparsec.torch_launch``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .torch_launch import eager, launch_matrix_op, out_dtype
+
+__all__ = ["fused", "gcn", "sage"]
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor subclasses (and their modes) take the composed path
+
+
+def fused(A, x: torch.Tensor, *params) -> bool:
+    """Whether the one-node path applies to ``sparsec.torch.SparseTensor`` A: a fixed matrix
+    with its transpose, values whose kernels return their own dtype (fp32, fp64), eager
+    plain tensors."""
+    values = A.values
+    return (A.transpose is not None and not values.requires_grad and out_dtype(values) == values.dtype
+            and not torch.compiler.is_compiling() and eager(values) and
+            all(p is None or type(p) in _PLAIN for p in (x,) + params))
+
+
+def _matrix_op(op: str, A, dense, rows: int, transposed: bool = False) -> torch.Tensor:
+    """Run ``op`` (spmm, spmm_bias, spmm_add) on A (or A's transpose) and ``dense``."""
+    out = torch.empty((rows, dense[0].shape[1]), dtype=A.values.dtype, device=dense[0].device)
+    if transposed:
+        key, index = A.transpose[0], A.transpose[1]
+        return launch_matrix_op(op, key, index, A.transposed_values(A.values), A.t_size_dict, dense, out)
+    return launch_matrix_op(op, A.key, A.index, A.values, A.size_dict, dense, out)
+
+
+def _direct(fn):
+    """``Function.apply`` without its Python wrapper (default-argument binding, functorch's
+    dead-wrapper unwrapping): a few microseconds of host time per call. The callers run it
+    only where :func:`fused` holds, so no functorch transform is active."""
+    return super(torch.autograd.Function, fn).apply
+
+
+class _GCNFunction(torch.autograd.Function):
+    """``A @ (x @ W) + b``; backward: dXW = A^T dY (an SpMM on A's transpose), dW = x^T dXW,
+    dx = dXW W^T, db = column sums of dY."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, A):
+        xw = torch.mm(x, weight)
+        ctx.A = A
+        ctx.save_for_backward(x, weight)
+        rows = A.shape[0]
+        return _matrix_op("spmm", A, [xw], rows) if bias is None else _matrix_op("spmm_bias", A, [xw, bias], rows)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        A = ctx.A
+        dy = dy.contiguous()
+        dxw = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)
+        dx = torch.mm(dxw, weight.t()) if ctx.needs_input_grad[0] else None
+        dw = torch.mm(x.t(), dxw) if ctx.needs_input_grad[1] else None
+        db = dy.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None
+
+
+gcn = _direct(_GCNFunction)  # gcn(x, weight, bias, A)
+
+
+class _SAGEFunction(torch.autograd.Function):
+    """``A @ x @ Wl^T + x @ Wr^T + b`` (A the mean aggregator). The neighbour term projects
+    before aggregating when that narrows the SpMM (out < in: A (x Wl^T), equal by linearity),
+    else aggregates first, as PyG's SAGEConv."""
+
+    @staticmethod
+    def forward(ctx, x, weight_l, weight_r, bias, A):
+        root = torch.mm(x, weight_r.t()) if bias is None else torch.addmm(bias, x, weight_r.t())
+        ctx.A, ctx.project = A, weight_l.shape[0] < weight_l.shape[1]
+        if ctx.project:
+            out = _matrix_op("spmm_add", A, [torch.mm(x, weight_l.t()), root], A.shape[0])
+            ctx.save_for_backward(x, weight_l, weight_r)
+        else:
+            agg = _matrix_op("spmm", A, [x], A.shape[0])
+            out = root.addmm_(agg, weight_l.t())
+            ctx.save_for_backward(x, weight_l, weight_r, agg)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        A, need = ctx.A, ctx.needs_input_grad
+        dy = dy.contiguous()
+        if ctx.project:
+            x, weight_l, weight_r = ctx.saved_tensors
+            dxl = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)  # gradient of x Wl^T
+            dwl = torch.mm(dxl.t(), x) if need[1] else None
+            dx = torch.addmm(torch.mm(dy, weight_r), dxl, weight_l) if need[0] else None
+        else:
+            x, weight_l, weight_r, agg = ctx.saved_tensors
+            dwl = torch.mm(dy.t(), agg) if need[1] else None
+            dx = None
+            if need[0]:
+                dx = _matrix_op("spmm", A, [torch.mm(dy, weight_l)], A.shape[1], transposed=True)
+                dx.addmm_(dy, weight_r)
+        dwr = torch.mm(dy.t(), x) if need[2] else None
+        db = dy.sum(0) if need[3] else None
+        return dx, dwl, dwr, db, None
+
+
+sage = _direct(_SAGEFunction)  # sage(x, weight_l, weight_r, bias, A)

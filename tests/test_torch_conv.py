@@ -1,0 +1,132 @@
+"""sparsec.torch's one-node graph convolutions (issue 27): GCNConv and SAGEConv against a
+float64 dense reference (outputs and every gradient) on awkward graphs in each format that
+trains, against PyG's SAGEConv on the same weights, the composed fallback path, and bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+torch = pytest.importorskip("torch")
+st = pytest.importorskip("sparsec.torch")
+
+from sparsec.torch_conv import fused as _fused  # noqa: E402
+
+
+def awkward_graph(n: int, seed: int) -> sp.csr_matrix:
+    """Random edges with explicit zeros, empty rows, a hub row and a hub column."""
+    rng = np.random.default_rng(seed)
+    m = sp.random(n, n, density=0.06, format="lil", random_state=seed, dtype=np.float64)
+    m[: n // 8, :] = 0                            # empty rows
+    m[n // 2, :] = rng.random(n)                  # a hub row
+    m[:, n // 3] = rng.random((n, 1))             # a hub column
+    m = m.tocsr()
+    m.data[:: 7] = 0.0                            # explicit zeros stay stored
+    return m
+
+
+@pytest.fixture(autouse=True)
+def nan_poisoned_empty():
+    """torch.empty fills with NaN: an output element a kernel fails to write shows."""
+    import torch.utils.deterministic as det
+
+    old_mode, old_fill = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(old_mode, warn_only=True)
+    det.fill_uninitialized_memory = old_fill
+
+
+def dense_grads(fn, dense_a, params, x):
+    """Output and gradients (x, params...) of ``fn`` on float64 copies, for a fixed weighting."""
+    x64 = x.detach().cpu().double().requires_grad_(True)
+    p64 = [p.detach().cpu().double().requires_grad_(True) for p in params]
+    out = fn(torch.from_numpy(np.asarray(dense_a, dtype=np.float64)), x64, *p64)
+    w = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
+    (out * w).sum().backward()
+    return out.detach(), [x64.grad] + [p.grad for p in p64], w
+
+
+def close(a, b, tol=2e-5):
+    scale = max(float(b.abs().max()), 1.0)
+    return float((a.double() - b).abs().max()) <= tol * scale
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # the GPU host runs this file too
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["csr", "hyb", "ell", "bsr:4x4"])
+@pytest.mark.parametrize("widths", [(24, 8), (8, 24)])  # SAGE: projects first / aggregates first
+def test_gcn_and_sage_match_float64_dense_autograd(fmt, widths, device):
+    fin, fout = widths
+    adj = awkward_graph(53, 0)
+    torch.manual_seed(0)
+    x = torch.randn(53, fin, device=device, requires_grad=True)
+    a_hat, a_mean = st.gcn_norm(adj), st.mean_adjacency(adj)
+    gcn, sage = st.GCNConv(fin, fout).to(device), st.SAGEConv(fin, fout).to(device)
+    cases = [
+        (gcn, a_hat, lambda a, x, w, b: a @ (x @ w) + b, [gcn.weight, gcn.bias]),
+        (sage, a_mean, lambda a, x, wl, wr, b: (a @ x) @ wl.t() + x @ wr.t() + b,
+         [sage.weight_l, sage.weight_r, sage.bias]),
+    ]
+    for layer, mat, ref, params in cases:
+        A = st.SparseTensor(mat, fmt, device=device)
+        assert _fused(A, x, *params)
+        want, grads, w = dense_grads(ref, mat.toarray(), params, x)
+        x.grad = None
+        layer.zero_grad()
+        out = layer(A, x)
+        assert out.grad_fn is not None and type(out.grad_fn).__name__.startswith(("_GCN", "_SAGE"))
+        assert close(out.detach().cpu(), want)
+        (out * w.float().to(device)).sum().backward()
+        for got, exp in zip([x.grad] + [p.grad for p in params], grads):
+            assert close(got.cpu(), exp), (type(layer).__name__, fmt)
+
+
+def test_layers_compose_the_ops_where_the_matrix_trains():
+    adj = awkward_graph(40, 1)
+    x = torch.randn(40, 12)
+    gcn = st.GCNConv(12, 5)
+    fixed = st.SparseTensor(st.gcn_norm(adj))
+    trained = st.SparseTensor(st.gcn_norm(adj), requires_grad=True)
+    assert not _fused(trained, x, gcn.weight, gcn.bias)
+    out = gcn(trained, x)
+    assert type(out.grad_fn).__name__ == "AddBackward0"  # composed: Linear, SpMM, + bias
+    assert torch.allclose(out, gcn(fixed, x), atol=1e-5)
+    out.sum().backward()
+    assert trained.values.grad is not None and gcn.weight.grad is not None
+
+
+def test_sageconv_matches_torch_geometric_on_the_same_weights():
+    pyg = pytest.importorskip("torch_geometric.nn")
+    adj = awkward_graph(47, 2)
+    coo = adj.tocoo()
+    edge_index = torch.from_numpy(np.vstack([coo.col, coo.row]).astype(np.int64))  # j -> i: row i lists j
+    torch.manual_seed(3)
+    for fin, fout in ((16, 6), (6, 16)):
+        ref = pyg.SAGEConv(fin, fout, aggr="mean")
+        ours = st.SAGEConv(fin, fout).load_pyg(ref)
+        A = st.SparseTensor(st.mean_adjacency(sp.csr_matrix((np.ones(adj.nnz), adj.indices, adj.indptr),
+                                                            shape=adj.shape)))
+        x = torch.randn(47, fin)
+        assert torch.allclose(ours(A, x), ref(x, edge_index), atol=1e-5)
+
+
+def test_bad_input_is_named():
+    A = st.SparseTensor(st.gcn_norm(awkward_graph(30, 4)))
+    gcn, sage = st.GCNConv(8, 4), st.SAGEConv(8, 4)
+    with pytest.raises(ValueError, match="x should have 8 features"):
+        gcn(A, torch.randn(30, 7))
+    with pytest.raises(ValueError, match="x should be 2-D with 30 rows"):
+        sage(A, torch.randn(29, 8))
+    with pytest.raises(TypeError, match="x should be torch.float32"):
+        gcn(A, torch.randn(30, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="x should be a torch tensor"):
+        gcn(A, np.zeros((30, 8), np.float32))
+    with pytest.raises(TypeError, match="A should be a sparsec.torch.SparseTensor"):
+        gcn(sp.identity(30, format="csr"), torch.randn(30, 8))
+    rect = st.SparseTensor(sp.random(30, 20, density=0.2, format="csr", dtype=np.float32, random_state=0))
+    with pytest.raises(ValueError, match="a_mean should be square"):
+        sage(rect, torch.randn(20, 8))
