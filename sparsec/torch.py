@@ -65,10 +65,12 @@ def _spmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: L
     return _spmm_body(key, index, values, _sizes(size_names, sizes), b)
 
 
-def _spmm(key, index, values, sizes, size_names, b, s: Optional[Dict[str, int]] = None) -> torch.Tensor:
-    """``sparsec::spmm``, its body called directly where :func:`_eager` allows."""
+def _spmm(key, index, values, sizes, size_names, b, s: Optional[Dict[str, int]] = None, fast=None) -> torch.Tensor:
+    """``sparsec::spmm``, its body called directly where :func:`_eager` allows (with the index
+    arrays as ``fast``, their tvm_ffi views, where given)."""
     if _eager(values, b):
-        return _spmm_body(key, index, values, s if s is not None else _sizes(size_names, sizes), b)
+        return _spmm_body(key, index if fast is None else fast, values,
+                          s if s is not None else _sizes(size_names, sizes), b)
     return _spmm_op(key, index, values, sizes, size_names, b)
 
 
@@ -93,10 +95,12 @@ def _sddmm_op(key: str, index: List[torch.Tensor], values: torch.Tensor, sizes: 
     return _sddmm_body(key, index, values, _sizes(size_names, sizes), x, y)
 
 
-def _sddmm(key, index, values, sizes, size_names, x, y, s: Optional[Dict[str, int]] = None) -> torch.Tensor:
+def _sddmm(key, index, values, sizes, size_names, x, y, s: Optional[Dict[str, int]] = None,
+           fast=None) -> torch.Tensor:
     """``sparsec::sddmm``, its body called directly where :func:`_eager` allows."""
     if _eager(values, x, y):
-        return _sddmm_body(key, index, values, s if s is not None else _sizes(size_names, sizes), x, y)
+        return _sddmm_body(key, index if fast is None else fast, values,
+                           s if s is not None else _sizes(size_names, sizes), x, y)
     return _sddmm_op(key, index, values, sizes, size_names, x, y)
 
 
@@ -116,7 +120,7 @@ class _SpMMFunction(torch.autograd.Function):
     def forward(ctx, values, b, A):
         ctx.A = A
         ctx.save_for_backward(values, b)
-        return _spmm(A.key, A.index, values, A.sizes, A.size_names, b, A.size_dict)
+        return _spmm(A.key, A.index, values, A.sizes, A.size_names, b, A.size_dict, A.ffi_index)
 
     @staticmethod
     def backward(ctx, grad):
@@ -126,10 +130,12 @@ class _SpMMFunction(torch.autograd.Function):
         grad_values = grad_b = None
         if ctx.needs_input_grad[1]:
             t_key, t_index, _, t_sizes, t_size_names = A.transpose
-            grad_b = _spmm(t_key, t_index, A.transposed_values(values), t_sizes, t_size_names, grad)
+            grad_b = _spmm(t_key, t_index, A.transposed_values(values), t_sizes, t_size_names, grad,
+                           A.t_size_dict, A.t_ffi_index)
         if ctx.needs_input_grad[0]:
             ones = torch.ones_like(values) if A.entries is None else A.entries
-            grad_values = _sddmm(A.key, A.index, ones, A.sizes, A.size_names, grad, b.contiguous(), A.size_dict)
+            grad_values = _sddmm(A.key, A.index, ones, A.sizes, A.size_names, grad, b.contiguous(), A.size_dict,
+                                 A.ffi_index)
         return grad_values, grad_b, None
 
 
@@ -204,6 +210,9 @@ class SparseTensor:
         # from an instance not sealed by convert, a copy: the caller's arrays may change later
         self.index = [torch.from_numpy(np.array(a, copy=True) if own else np.ascontiguousarray(a)).to(device)
                       for a in index_arrays(inst).values()]
+        # the index arrays as tvm_ffi tensors too (same memory): an eager launch passes these, one
+        # handle each, rather than converting every torch tensor through DLPack on each call
+        self.ffi_index = torch_launch.ffi_views(self.index)
         self.values = torch.from_numpy(np.ascontiguousarray(inst.data)).to(device).requires_grad_(requires_grad)
         # 1 at the matrix's entries, 0 at padding slots the indices do not mark (a BSR block's
         # implicit zeros are no parameters): SDDMM with it is dA, 0 on padding; None: all ones
@@ -213,7 +222,7 @@ class SparseTensor:
         sizes = scalar_values(inst)
         self.size_names, self.sizes = ",".join(sizes), [int(v) for v in sizes.values()]
         self.size_dict = dict(zip(sizes, self.sizes))  # what an eager call reads (no parsing per call)
-        self.transpose, self._t_values = None, None
+        self.transpose, self._t_values, self.t_ffi_index, self.t_size_dict = None, None, None, None
         t_spec = transpose_spec(self.format)
         if grad and t_spec is None:
             raise ValueError(f"{self.format} matrices have no backward pass here: converting the transpose "
@@ -222,9 +231,9 @@ class SparseTensor:
             t_inst = self._t_instance = convert(inst.to_scipy().T.tocsr(), t_spec, dtype=inst.value_dtype)
             t_sizes = scalar_values(t_inst)
             self.t_size_dict = dict(zip(t_sizes, (int(v) for v in t_sizes.values())))
-            self.transpose = (_register(t_inst),
-                              [torch.from_numpy(np.ascontiguousarray(a)).to(device)
-                               for a in index_arrays(t_inst).values()],
+            t_index = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in index_arrays(t_inst).values()]
+            self.t_ffi_index = torch_launch.ffi_views(t_index)
+            self.transpose = (_register(t_inst), t_index,
                               torch.from_numpy(_slot_map(inst, t_inst)).to(device),
                               [int(v) for v in t_sizes.values()], ",".join(t_sizes))
 
@@ -258,14 +267,14 @@ def spmm(A: SparseTensor, B: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
     if A.transpose is not None and (A.values.requires_grad or B.requires_grad) and torch.is_grad_enabled():
         return _SpMMFunction.apply(A.values, B, A)
-    return _spmm(A.key, A.index, A.values, A.sizes, A.size_names, B, A.size_dict)
+    return _spmm(A.key, A.index, A.values, A.sizes, A.size_names, B, A.size_dict, A.ffi_index)
 
 
 def sddmm(A: SparseTensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """``A[i, j] * (X[i, :] . Y[j, :])`` at each stored slot of A (not differentiable)."""
     if not isinstance(A, SparseTensor):
         raise TypeError(f"A should be a sparsec.torch.SparseTensor, got {type(A).__name__}")
-    return _sddmm(A.key, A.index, A.values, A.sizes, A.size_names, X, Y, A.size_dict)
+    return _sddmm(A.key, A.index, A.values, A.sizes, A.size_names, X, Y, A.size_dict, A.ffi_index)
 
 
 class SparseLinear(torch.nn.Module):

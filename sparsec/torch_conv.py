@@ -39,9 +39,9 @@ def _matrix_op(op: str, A, dense, rows: int, transposed: bool = False) -> torch.
     """Run ``op`` (spmm, spmm_bias, spmm_add) on A (or A's transpose) and ``dense``."""
     out = torch.empty((rows, dense[0].shape[1]), dtype=A.values.dtype, device=dense[0].device)
     if transposed:
-        key, index = A.transpose[0], A.transpose[1]
-        return launch_matrix_op(op, key, index, A.transposed_values(A.values), A.t_size_dict, dense, out)
-    return launch_matrix_op(op, A.key, A.index, A.values, A.size_dict, dense, out)
+        return launch_matrix_op(op, A.transpose[0], A.t_ffi_index, A.transposed_values(A.values), A.t_size_dict,
+                                dense, out)
+    return launch_matrix_op(op, A.key, A.ffi_index, A.values, A.size_dict, dense, out)
 
 
 def _direct(fn):

@@ -34,7 +34,7 @@ from .dtypes import dtype_spec
 from .kernel import index_arrays
 
 __all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values", "packed_operand", "kernel_for",
-           "launch_matrix_op", "eager", "check_dense", "out_dtype", "torch_dtype"]
+           "launch_matrix_op", "eager", "check_dense", "out_dtype", "torch_dtype", "ffi_views"]
 
 # Matrices of live SparseTensors (``sparsec.torch``), by key: a kernel is compiled for the
 # converted matrix itself, so that its format's automatic knobs and any tuning record for it
@@ -174,6 +174,15 @@ def check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
     if x.device != values.device:
         raise ValueError(f"{name} is on {x.device} but the sparse matrix is on {values.device}")
 
+
+
+def ffi_views(tensors: Sequence[torch.Tensor]) -> List[object]:
+    """tvm_ffi tensors sharing the memory of ``tensors`` (and keeping it alive): a kernel call
+    takes one as a handle, where a torch tensor is converted through DLPack on every call,
+    which costs host time per argument (a hyb matrix has two index arrays per bucket)."""
+    import tvm_ffi
+
+    return [tvm_ffi.from_dlpack(t) for t in tensors]
 
 
 _OPERATORS: Dict[str, Operator] = {}  # name -> the definition first launched under it
