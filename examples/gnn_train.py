@@ -231,9 +231,10 @@ def main(argv=None) -> int:
                               "captured_ms": f"CUDA events around {args.steps} graph replays"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"device": rows[0]["device"] if rows else device, "rows": rows}, fh, indent=1)
+            if args.out:  # after every record: a run cut short keeps what it measured
+                with open(args.out, "w") as fh:
+                    json.dump({"device": rows[0]["device"], "command": "python3 examples/gnn_train.py "
+                               + " ".join(sys.argv[1:]), "rows": rows}, fh, indent=1)
     print(f"\n{rows[0]['device'] if rows else device}")
     print(f"{'graph':<14} {'model':<9} {'nodes':>8} {'sparsec eager':>13} {'captured':>9} {'pyg ei':>8} "
           f"{'pyg adj_t':>9} {'torch.sp':>8} {'eager x':>8} {'capt x':>7} ok")

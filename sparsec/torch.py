@@ -377,7 +377,8 @@ class GCNConv(torch.nn.Module):
     def forward(self, a_hat: SparseTensor, x: torch.Tensor) -> torch.Tensor:
         _check_x(a_hat, x, self.in_features)
         if torch_conv.fused(a_hat, x, self.weight, self.bias):
-            return torch_conv.gcn(x if x.is_contiguous() else x.contiguous(), self.weight, self.bias, a_hat)
+            project = torch_conv.project_first(x, self.in_features, self.out_features)
+            return torch_conv.gcn(x if x.is_contiguous() else x.contiguous(), self.weight, self.bias, a_hat, project)
         h = spmm(a_hat, x @ self.weight)
         return h + self.bias if self.bias is not None else h
 
@@ -402,8 +403,9 @@ class SAGEConv(torch.nn.Module):
         if a_mean.shape[0] != a_mean.shape[1]:
             raise ValueError(f"a_mean should be square (nodes x nodes), got shape {a_mean.shape}")
         if torch_conv.fused(a_mean, x, self.weight_l, self.weight_r, self.bias):
+            project = torch_conv.project_first(x, self.in_features, self.out_features)
             return torch_conv.sage(x if x.is_contiguous() else x.contiguous(), self.weight_l, self.weight_r,
-                                   self.bias, a_mean)
+                                   self.bias, a_mean, project)
         out = spmm(a_mean, x) @ self.weight_l.t() + x @ self.weight_r.t()
         return out + self.bias if self.bias is not None else out
 

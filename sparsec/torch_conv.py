@@ -19,7 +19,7 @@ import torch
 
 from .torch_launch import eager, launch_matrix_op, out_dtype
 
-__all__ = ["fused", "gcn", "sage"]
+__all__ = ["fused", "gcn", "sage", "project_first"]
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor subclasses (and their modes) take the composed path
@@ -51,43 +51,61 @@ def _direct(fn):
     return super(torch.autograd.Function, fn).apply
 
 
+def project_first(x: torch.Tensor, in_features: int, out_features: int) -> bool:
+    """Whether a layer multiplies by its weight before aggregating (``A (x W)``) rather than
+    after (``(A x) W``; equal by linearity). Projecting first narrows the SpMM when out < in;
+    aggregating first spares the backward pass its SpMM on A's transpose when x needs no
+    gradient (a first layer): two launches fewer, and the same device work (one SpMM at the
+    input width instead of two at the output width)."""
+    return x.requires_grad and out_features < in_features
+
+
 class _GCNFunction(torch.autograd.Function):
-    """``A @ (x @ W) + b``; backward: dXW = A^T dY (an SpMM on A's transpose), dW = x^T dXW,
-    dx = dXW W^T, db = column sums of dY."""
+    """``A @ (x @ W) + b``. Projecting first (:func:`project_first`): the SpMM's epilogue adds
+    b; backward dXW = A^T dY (an SpMM on A's transpose), dW = x^T dXW, dx = dXW W^T.
+    Aggregating first: ``addmm(b, A x, W)``; backward dW = (A x)^T dY, dx = A^T (dY W^T).
+    Both: db = column sums of dY."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, A):
-        xw = torch.mm(x, weight)
-        ctx.A = A
-        ctx.save_for_backward(x, weight)
-        rows = A.shape[0]
-        return _matrix_op("spmm", A, [xw], rows) if bias is None else _matrix_op("spmm_bias", A, [xw, bias], rows)
+    def forward(ctx, x, weight, bias, A, project):
+        ctx.A, ctx.project = A, project
+        if project:
+            ctx.save_for_backward(x, weight)
+            xw, rows = torch.mm(x, weight), A.shape[0]
+            return _matrix_op("spmm", A, [xw], rows) if bias is None else _matrix_op("spmm_bias", A, [xw, bias], rows)
+        agg = _matrix_op("spmm", A, [x], A.shape[0])
+        ctx.save_for_backward(agg, weight)
+        return torch.mm(agg, weight) if bias is None else torch.addmm(bias, agg, weight)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        A = ctx.A
+        A, need = ctx.A, ctx.needs_input_grad
         dy = dy.contiguous()
-        dxw = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)
-        dx = torch.mm(dxw, weight.t()) if ctx.needs_input_grad[0] else None
-        dw = torch.mm(x.t(), dxw) if ctx.needs_input_grad[1] else None
-        db = dy.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None
+        if ctx.project:
+            x, weight = ctx.saved_tensors
+            dxw = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)
+            dx = torch.mm(dxw, weight.t()) if need[0] else None
+            dw = torch.mm(x.t(), dxw) if need[1] else None
+        else:
+            agg, weight = ctx.saved_tensors
+            dx = _matrix_op("spmm", A, [torch.mm(dy, weight.t())], A.shape[1], transposed=True) if need[0] else None
+            dw = torch.mm(agg.t(), dy) if need[1] else None
+        db = dy.sum(0) if need[2] else None
+        return dx, dw, db, None, None
 
 
-gcn = _direct(_GCNFunction)  # gcn(x, weight, bias, A)
+gcn = _direct(_GCNFunction)  # gcn(x, weight, bias, A, project)
 
 
 class _SAGEFunction(torch.autograd.Function):
-    """``A @ x @ Wl^T + x @ Wr^T + b`` (A the mean aggregator). The neighbour term projects
-    before aggregating when that narrows the SpMM (out < in: A (x Wl^T), equal by linearity),
-    else aggregates first, as PyG's SAGEConv."""
+    """``A @ x @ Wl^T + x @ Wr^T + b`` (A the mean aggregator), the neighbour term projected
+    first or aggregated first (:func:`project_first`; PyG's SAGEConv aggregates first)."""
 
     @staticmethod
-    def forward(ctx, x, weight_l, weight_r, bias, A):
+    def forward(ctx, x, weight_l, weight_r, bias, A, project):
         root = torch.mm(x, weight_r.t()) if bias is None else torch.addmm(bias, x, weight_r.t())
-        ctx.A, ctx.project = A, weight_l.shape[0] < weight_l.shape[1]
-        if ctx.project:
+        ctx.A, ctx.project = A, project
+        if project:
             out = _matrix_op("spmm_add", A, [torch.mm(x, weight_l.t()), root], A.shape[0])
             ctx.save_for_backward(x, weight_l, weight_r)
         else:
@@ -114,7 +132,7 @@ class _SAGEFunction(torch.autograd.Function):
                 dx.addmm_(dy, weight_r)
         dwr = torch.mm(dy.t(), x) if need[2] else None
         db = dy.sum(0) if need[3] else None
-        return dx, dwl, dwr, db, None
+        return dx, dwl, dwr, db, None, None
 
 
-sage = _direct(_SAGEFunction)  # sage(x, weight_l, weight_r, bias, A)
+sage = _direct(_SAGEFunction)  # sage(x, weight_l, weight_r, bias, A, project)
