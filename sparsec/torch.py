@@ -4,7 +4,8 @@
     A = st.SparseTensor(scipy_csr, device="cuda")          # converted once, index arrays on the GPU
     Y = st.spmm(A, X)                                        # A @ X, differentiable in A's values and X
     layer = st.SparseLinear.from_dense(pruned_weight)        # y = x @ W^T + b with W sparse
-    conv = st.GCNConv(64, 16); h = conv(A_hat, x)            # A_hat @ (x @ W) + b
+    conv = st.GCNConv(64, 16); h = conv(A_hat, x)            # A_hat @ (x @ W) + b, one autograd node
+    sage = st.SAGEConv(64, 16); h = sage(A_mean, x)          # PyG's SAGEConv(aggr="mean"), one node
 
 The ops (``sparsec::spmm``, ``sparsec::sddmm``) carry fake (meta) implementations, so
 ``torch.compile`` traces through them without graph breaks, and SpMM has autograd (CSR,
