@@ -7,9 +7,8 @@ from typing import Callable, Dict
 from .dsl import Operator, exp, less, maximum, select
 
 
-def spmm() -> Operator:
-    """SpMM: ``C[i, k] = sum_j A[i, j] * B[j, k]`` (sparse A, dense B and C)."""
-    op = Operator("spmm", "C[i, k] = sum_j A[i, j] * B[j, k]")
+def _spmm_sum(op: Operator):
+    """SpMM's axes, buffers and sum ``C[i, k] += A[i, j] * B[j, k]`` in ``op``; (I, K, C)."""
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
     K = op.dense_fixed("k", extent="feat")
@@ -18,6 +17,13 @@ def spmm() -> Operator:
     C = op.dense_output("C", (I, K))
     with op.iterate([I, J, K], "SRS") as (i, j, k):
         C[i, k] += A[i, j] * B[j, k]
+    return I, K, C
+
+
+def spmm() -> Operator:
+    """SpMM: ``C[i, k] = sum_j A[i, j] * B[j, k]`` (sparse A, dense B and C)."""
+    op = Operator("spmm", "C[i, k] = sum_j A[i, j] * B[j, k]")
+    _spmm_sum(op)
     return op
 
 
@@ -26,15 +32,8 @@ def spmm_bias() -> Operator:
     convolution's output in one pass: the bias is stored with each row's sum, or is the value
     a shared-row sum starts from, ``lower.fold_epilogue``)."""
     op = Operator("spmm_bias", "C[i, k] = sum_j A[i, j] * B[j, k] + b[k]")
-    I = op.dense_fixed("i")
-    J = op.sparse_variable("j", parent=I)
-    K = op.dense_fixed("k", extent="feat")
-    A = op.sparse_input("A", (I, J))
-    B = op.dense_input("B", (J, K))
+    I, K, C = _spmm_sum(op)
     b = op.dense_input("b", (K,))
-    C = op.dense_output("C", (I, K))
-    with op.iterate([I, J, K], "SRS") as (i, j, k):
-        C[i, k] += A[i, j] * B[j, k]
     with op.iterate([I, K], "SS") as (i, k):
         C[i, k] = C[i, k] + b[k]
     return op
@@ -44,15 +43,8 @@ def spmm_add() -> Operator:
     """SpMM plus a dense term: ``C[i, k] = sum_j A[i, j] * B[j, k] + R[i, k]`` (GraphSAGE's
     neighbour mean plus its root term, in one pass)."""
     op = Operator("spmm_add", "C[i, k] = sum_j A[i, j] * B[j, k] + R[i, k]")
-    I = op.dense_fixed("i")
-    J = op.sparse_variable("j", parent=I)
-    K = op.dense_fixed("k", extent="feat")
-    A = op.sparse_input("A", (I, J))
-    B = op.dense_input("B", (J, K))
+    I, K, C = _spmm_sum(op)
     R = op.dense_input("R", (I, K))
-    C = op.dense_output("C", (I, K))
-    with op.iterate([I, J, K], "SRS") as (i, j, k):
-        C[i, k] += A[i, j] * B[j, k]
     with op.iterate([I, K], "SS") as (i, k):
         C[i, k] = C[i, k] + R[i, k]
     return op

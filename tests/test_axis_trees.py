@@ -181,3 +181,30 @@ def test_bias_is_the_value_the_sum_starts_from(fmt):
     y = k(inst, X.astype(np.float32), W.astype(np.float32), b.astype(np.float32), poison=True)
     ref = sum(m.toarray().astype(np.float64) @ X @ W[r] for r, m in enumerate(mats)) + b
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op_name", ["spmm_bias", "spmm_add"])
+def test_owning_buckets_start_from_the_added_term(op_name):
+    """On hyb, rows in the narrow buckets are owned by one part (it starts them with T.init)
+    and the widest bucket's split rows add into the fill: a folded bias or root term must
+    reach both, and the empty rows the fill covers (a hub row, short rows, empty rows)."""
+    from sparsec.lower.bind import bind
+    from sparsec.lower.fold_epilogue import fold_epilogues
+    from sparsec.lower.positions import lower_positions
+
+    rng = np.random.default_rng(7)
+    m = sp.random(90, 90, density=0.04, random_state=3, format="lil", dtype=np.float64)
+    m[:9, :] = 0                                   # empty rows
+    m[40, :] = rng.standard_normal(90)             # a row split across the widest bucket
+    m = m.tocsr().astype(np.float32)
+    inst = convert(m, "hyb")
+    assert "dup" in inst.format.spec
+    prog = fold_epilogues(lower_positions(bind(ops.get(op_name), inst.format, {"feat": 5})))
+    assert not any(nest.dense for nest in prog.nests)  # no pass of its own
+    owners = [nest for nest in prog.nests if not nest.fill and nest.init]
+    assert owners and all(nest.init_value is not None for nest in owners)
+    B = rng.standard_normal((90, 5))
+    term = rng.standard_normal(5) if op_name == "spmm_bias" else rng.standard_normal((90, 5))
+    k = sparsec.compile(op_name, inst, target="llvm", feat=5)
+    y = k(inst, B.astype(np.float32), term.astype(np.float32), poison=True)
+    np.testing.assert_allclose(y, m.toarray().astype(np.float64) @ B + term, rtol=1e-5, atol=1e-5)
