@@ -42,9 +42,9 @@ _GNN = ("gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edg
 
 
 # ---- kernels ------------------------------------------------------------------------------
-# Matrices of live SparseTensors, by key (``sparsec.torch_launch`` keeps the registry, which
-# its generic launcher shares): a kernel is compiled for the converted matrix itself, so that
-# its format's automatic knobs and any tuning record for it apply.
+# Matrices of live SparseTensors, by key (``sparsec.torch_launch`` keeps the registry and the
+# launch path, which sparsec.torch_conv shares): a kernel is compiled for the converted matrix
+# itself, so that its format's automatic knobs and any tuning record for it apply.
 _register = torch_launch.register
 
 

@@ -52,6 +52,7 @@ def register(inst) -> str:
     LAYOUTS[key] = (tuple(index_arrays(inst)), int(inst.data.size), inst.value_dtype)
     return key
 
+
 # ---- sparsec.torch's matrix ops (SpMM, SDDMM and their epilogue variants) ----------------------
 # An op of the library on a registered matrix (``SparseTensor.key``), its dense operands in
 # the kernel's order: ``sparsec.torch`` and ``sparsec.torch_conv`` launch through these, so
@@ -101,7 +102,7 @@ def _matrix_plan(op: str, key: str, dtype: str, feat: int, device_type: str):
 
 
 def launch_matrix_op(op: str, key: str, index: Sequence[torch.Tensor], values: torch.Tensor, sizes: Dict[str, int],
-            dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+                     dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Run the kernel on tensors already in place: argument order from its parameter list.
     tvm_ffi launches on torch's current CUDA stream, which it reads from the tensor arguments."""
     layout = LAYOUTS.get(key)
@@ -173,7 +174,6 @@ def check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
         raise TypeError(f"{name} should be {values.dtype} like the sparse values, got {x.dtype}")
     if x.device != values.device:
         raise ValueError(f"{name} is on {x.device} but the sparse matrix is on {values.device}")
-
 
 
 def ffi_views(tensors: Sequence[torch.Tensor]) -> List[object]:
