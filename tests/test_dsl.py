@@ -240,7 +240,7 @@ def test_unknown_compile_time_param_for_op_without_params():
 
 
 def test_unknown_library_op():
-    with pytest.raises(ValueError, match=r"operator should be one of \[.*'attention'.*'spmm'\]"):
+    with pytest.raises(ValueError, match=r"operator should be one of \[.*'attention'.*'spmm'.*'spmm_bias'.*\]"):
         sparsec.compile("spmv", "csr", feat=8)
 
 
