@@ -218,7 +218,7 @@ def packed_operand(key: str, name: str, values: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class MatrixArgs:
     """What a kernel takes of a matrix: its registry key (``sparsec.torch``), index arrays on
-    the device, values (the matrix's own, or any tensor of one value per stored slot), and
+    the device (torch tensors or tvm_ffi tensors), values (the matrix's own, or any tensor of one value per stored slot), and
     its run-time sizes (``rows``, ``cols``, extents)."""
 
     key: str
@@ -236,9 +236,9 @@ class MatrixArgs:
 
     @classmethod
     def of(cls, A, values: torch.Tensor = None) -> "MatrixArgs":
-        """The matrix of a ``sparsec.torch.SparseTensor`` (with other ``values`` if given)."""
-        return cls(A.key, tuple(A.index), A.values if values is None else values,
-                   dict(zip(A.size_names.split(","), A.sizes)))
+        """The matrix of a ``sparsec.torch.SparseTensor`` (with other ``values`` if given); its
+        index arrays as the tvm_ffi views the SparseTensor made once (no DLPack per call)."""
+        return cls(A.key, tuple(A.ffi_index), A.values if values is None else values, A.size_dict)
 
     @classmethod
     def transpose_of(cls, A, values: torch.Tensor) -> "MatrixArgs":
@@ -247,8 +247,7 @@ class MatrixArgs:
         if A.transpose is None:
             raise ValueError(f"this {A.format} SparseTensor has no transpose (build it with grad=True, in a format "
                              "that allows it: csr, ell, hyb or bsr)")
-        key, index, _, sizes, names = A.transpose
-        return cls(key, tuple(index), values, dict(zip(names.split(","), sizes)))
+        return cls(A.transpose[0], tuple(A.t_ffi_index), values, A.t_size_dict)
 
 
 def transpose_values(A, x: torch.Tensor) -> torch.Tensor:
