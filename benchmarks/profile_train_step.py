@@ -83,7 +83,7 @@ def main(argv=None) -> int:
 
     import gnn_peers as gp
     import sparsec.torch as st
-    from gnn_train import copy_to_layers, copy_weights, pyg_models, sparsec_models
+    from gnn_train import copy_weights, pyg_models, sparsec_model
     from gnn import build_models
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,17 +94,17 @@ def main(argv=None) -> int:
     adj_t = gp.torch_csr(torch, adj, device)
     GCN, SAGE = build_models(torch, st, 128, 64, 16)
     PGCN, PSAGE = pyg_models(torch, 128, 64, 16)
-    LGCN, LSAGE = sparsec_models(torch, st, 128, 64, 16)
+    LGCN, LSAGE = (sparsec_model(torch, layer, 128, 64, 16) for layer in (st.GCNConv, st.SAGEConv))
     results = []
     for mname in args.models:
         cls, lcls, pcls, mat = ((GCN, LGCN, PGCN, st.gcn_norm(adj)) if mname == "GCN" else
                                 (SAGE, LSAGE, PSAGE, st.mean_adjacency(adj)))
         A = st.SparseTensor(mat, "auto", feat=64, device=device)
-        composed, ours = cls().to(device), lcls().to(device)
-        copy_to_layers(torch, mname, composed, ours)
+        composed = cls().to(device)
         pyg = {k: pcls().to(device) for k in ("pyg_edge_index", "pyg_adj_t")}
         for m in pyg.values():
             copy_weights(torch, mname, composed, m)
+        ours = lcls().to(device).load_pyg(pyg["pyg_edge_index"])
         calls = {"sparsec": (ours, lambda: ours(x, A)),
                  "sparsec_composed": (composed, lambda: composed(st.spmm, A, x)),
                  "pyg_edge_index": (pyg["pyg_edge_index"], lambda: pyg["pyg_edge_index"](x, ei)),

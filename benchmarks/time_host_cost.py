@@ -44,6 +44,7 @@ def main(argv=None) -> int:
 
     import gnn_peers as gp
     import sparsec.torch as st
+    from sparsec.bench.report import finish
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -94,15 +95,10 @@ def main(argv=None) -> int:
                    f"{args.repeat}, one sync per round", "max_abs_diff": checks.get(op)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "host_cost.json"), "w") as f:
-        json.dump({"device": name, "command": "python3 benchmarks/time_host_cost.py " + " ".join(sys.argv[1:]),
-                   "rows": rows}, f, indent=1)
-    print(f"\n{name}")
-    print(f"{'graph':<12} {'op':<14} {'sparsec us':>10} {'peer us':>9} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['graph']:<12} {r['op']:<14} {r['sparsec_us']:>10.1f} {r['peer_us']:>9.1f} {r['ratio']:>6.2f}")
+    finish(rows, [("graph", lambda r: r["graph"]), ("op", lambda r: r["op"]),
+                  ("sparsec us:", lambda r: f"{r['sparsec_us']:.1f}"), ("peer us:", lambda r: f"{r['peer_us']:.1f}"),
+                  ("ratio:", lambda r: f"{r['ratio']:.2f}")], device, os.path.join(args.out, "host_cost.json"))
     return 0
 
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 
 
 import _preamble  # noqa: F401
@@ -31,6 +32,7 @@ def main(argv=None) -> int:
 
     import gnn_peers as gp
     import sparsec.torch as st
+    from sparsec.bench.report import finish
     from sparsec.measure import back_to_back_ms
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,34 +85,29 @@ def main(argv=None) -> int:
         "+ 8 spmm forwards (grad), no backward": lambda: [st.spmm(A, xg) for _ in range(8)],
         "+ 8 Function nodes, SpMM in backward": chain(8, SpMMInBackward.apply),
     }
+    method = f"wall / {args.calls} back-to-back calls, one sync, best of {args.repeat}"
+
+    def on_thread():  # an eager SpMM from another Python thread (backward runs on torch's device thread)
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("us", back_to_back_ms(
+            lambda: st.spmm(A, a), args.calls, args.repeat, sync, warmup=20) * 1e3))
+        t.start()
+        t.join()
+        return out["us"]
+
     rows = []
     for name, fn in cases.items():
         ctx = torch.no_grad() if "no grad" in name else torch.enable_grad()
         with ctx:
             us = back_to_back_ms(fn, args.calls, args.repeat, sync, warmup=20) * 1e3
-        rows.append({"case": name, "us_per_call": us})
+        rows.append({"case": name, "us_per_call": us, "graph": args.graph, "method": method})
         print(json.dumps(rows[-1]), flush=True)
-    import threading
-
-    def on_thread():  # an eager SpMM from another Python thread (backward runs on torch's device thread)
-        out = {}
-        with torch.no_grad():
-            t = threading.Thread(target=lambda: out.setdefault("us", back_to_back_ms(
-                lambda: st.spmm(A, a), args.calls, args.repeat, sync, warmup=20) * 1e3))
-            t.start()
-            t.join()
-        return out["us"]
-
-    rows.append({"case": "sparsec spmm, no grad, other thread", "us_per_call": on_thread()})
-    print(json.dumps(rows[-1]), flush=True)
-    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    with torch.no_grad():
+        rows.append({"case": "sparsec spmm, no grad, other thread", "us_per_call": on_thread(), "graph": args.graph,
+                     "method": method})
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "host_micro.json"), "w") as f:
-        json.dump({"device": name, "graph": args.graph, "method": f"wall / {args.calls} back-to-back calls, one sync, "
-                   f"best of {args.repeat}", "rows": rows}, f, indent=1)
-    print(f"\n{name}")
-    for r in rows:
-        print(f"{r['case']:<32} {r['us_per_call']:>9.1f} us")
+    finish(rows, [("case", lambda r: r["case"]), ("us per call:", lambda r: f"{r['us_per_call']:.1f}")], dev,
+           os.path.join(args.out, "host_micro.json"))
     return 0
 
 

@@ -63,40 +63,25 @@ def pyg_models(torch, n_in, hidden, classes):
     return GCN, SAGE
 
 
-def sparsec_models(torch, st, n_in, hidden, classes):
-    """(GCN, SAGE) on sparsec.torch's layers (one autograd node each), ``forward(x, A)``."""
+def sparsec_model(torch, layer, n_in, hidden, classes):
+    """Two of sparsec.torch's layers (``GCNConv`` or ``SAGEConv``: one autograd node each) with a
+    ReLU between, ``forward(x, A)``."""
 
-    class GCN(torch.nn.Module):
+    class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.c1, self.c2 = st.GCNConv(n_in, hidden), st.GCNConv(hidden, classes)
+            self.c1, self.c2 = layer(n_in, hidden), layer(hidden, classes)
 
         def forward(self, x, a):
             return self.c2(a, torch.relu(self.c1(a, x)))
 
-    class SAGE(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1, self.c2 = st.SAGEConv(n_in, hidden), st.SAGEConv(hidden, classes)
+        def load_pyg(self, pyg):
+            """The weights of a model of :func:`pyg_models` (its layers ``c1``, ``c2``)."""
+            self.c1.load_pyg(pyg.c1)
+            self.c2.load_pyg(pyg.c2)
+            return self
 
-        def forward(self, x, a):
-            return self.c2(a, torch.relu(self.c1(a, x)))
-
-    return GCN, SAGE
-
-
-def copy_to_layers(torch, mname, ours, layers):
-    """sparsec's layer model given the weights of gnn.py's models."""
-    with torch.no_grad():
-        if mname == "GCN":
-            for conv, w, b in ((layers.c1, ours.w1, ours.b1), (layers.c2, ours.w2, ours.b2)):
-                conv.weight.copy_(w.weight.t())
-                conv.bias.copy_(b)
-        else:
-            for conv, own, neigh in ((layers.c1, ours.self1, ours.neigh1), (layers.c2, ours.self2, ours.neigh2)):
-                conv.weight_l.copy_(neigh.weight)
-                conv.weight_r.copy_(own.weight)
-                conv.bias.copy_(own.bias)
+    return Model
 
 
 def copy_weights(torch, mname, ours, pyg):
@@ -169,7 +154,8 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     torch.backends.cuda.matmul.allow_tf32 = False
     GCN, SAGE = build_models(torch, st, args.features, args.hidden, args.classes)
-    LGCN, LSAGE = sparsec_models(torch, st, args.features, args.hidden, args.classes)
+    LGCN, LSAGE = (sparsec_model(torch, layer, args.features, args.hidden, args.classes)
+                   for layer in (st.GCNConv, st.SAGEConv))
     PGCN, PSAGE = pyg_models(torch, args.features, args.hidden, args.classes)
     rows = []
     for gname in args.graph:
@@ -194,11 +180,11 @@ def main(argv=None) -> int:
                 a_sparsec = st.SparseTensor(mat, "auto", feat=args.hidden, device=device)
                 a_torch = gp.torch_csr(torch, mat, device)
                 torch.manual_seed(1)
-                ours = {"torch.sparse": cls().to(device), "sparsec": lcls().to(device)}
-                copy_to_layers(torch, mname, ours["torch.sparse"], ours["sparsec"])
+                ours = {"torch.sparse": cls().to(device)}
                 pyg = {k: pcls().to(device) for k in ("pyg_edge_index", "pyg_adj_t")}
                 for m in pyg.values():
                     copy_weights(torch, mname, ours["torch.sparse"], m)
+                ours["sparsec"] = lcls().to(device).load_pyg(pyg["pyg_edge_index"])
                 params = {"sparsec": ours["sparsec"], "torch.sparse": ours["torch.sparse"], **pyg}
                 calls = {"sparsec": lambda m=ours["sparsec"], a=a_sparsec: m(x, a),
                          "torch.sparse": lambda m=ours["torch.sparse"], a=a_torch: m(torch.sparse.mm, a, x),

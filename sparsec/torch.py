@@ -366,8 +366,9 @@ def _uniform(shape, bound: float) -> torch.nn.Parameter:
 
 class GCNConv(torch.nn.Module):
     """One graph convolution, ``A_hat @ (x @ W) + b`` (A_hat from :func:`gcn_norm`; W is
-    in_features x out_features): one autograd node, the bias added by the SpMM's epilogue,
-    where the matrix is fixed (``sparsec.torch_conv``), else the ops composed."""
+    in_features x out_features; :meth:`load_pyg` copies a PyG GCNConv's): one autograd node,
+    the bias added by the SpMM's epilogue, where the matrix is fixed (``sparsec.torch_conv``),
+    else the ops composed."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
@@ -382,6 +383,14 @@ class GCNConv(torch.nn.Module):
             return torch_conv.gcn(x if x.is_contiguous() else x.contiguous(), self.weight, self.bias, a_hat, project)
         h = spmm(a_hat, x @ self.weight)
         return h + self.bias if self.bias is not None else h
+
+    def load_pyg(self, conv) -> "GCNConv":
+        """Take the weights of a PyG ``GCNConv`` (its ``lin.weight`` is W transposed)."""
+        with torch.no_grad():
+            self.weight.copy_(conv.lin.weight.t())
+            if self.bias is not None:
+                self.bias.copy_(conv.bias)
+        return self
 
 
 class SAGEConv(torch.nn.Module):

@@ -82,6 +82,19 @@ def test_spmm_bias_relu_every_family(spec):
     assert (np.asarray(out)[3] == np.maximum(bias, 0)).all()  # an empty row: relu(0 + bias)
 
 
+@pytest.mark.parametrize("op_name", ("spmm_bias", "spmm_add"))
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_library_added_term_every_family(spec, op_name):
+    """ops.spmm_bias / spmm_add: the added term reaches every row, whether a part owns it
+    (it starts from the term), parts share it (the fill stores the term) or no part covers it."""
+    A = instance(spec)
+    term_shape = (FEAT,) if op_name == "spmm_bias" else (A.shape[0], FEAT)
+    B, term = inputs(A, (A.shape[1], FEAT), term_shape)
+    out = sparsec.compile(op_name, A, feat=FEAT)(A, B, term, poison=True)
+    want = logical(A) @ B.astype(np.float64) + term.astype(np.float64)
+    assert max_rel_err(out, want) <= tol(A)
+
+
 @pytest.mark.parametrize("spec", ("csr", "bsr:2x2", "hyb:1:1/2/4"))
 def test_transform_then_aggregate(spec):
     A = instance(spec)
@@ -182,8 +195,24 @@ def _epilogue_in(body: str) -> bool:
 
 @pytest.fixture(scope="module")
 def cuda_sources():
-    return {spec: sparsec.compile(spmm_bias_relu(), instance(spec), feat=FEAT, target="cuda:sm_90a").source()
-            for spec in ("csr", "bsr:2x2", "ell", "hyb:1:1/2/4")}
+    out = {spec: sparsec.compile(spmm_bias_relu(), instance(spec), feat=FEAT, target="cuda:sm_90a").source()
+           for spec in ("csr", "bsr:2x2", "ell", "hyb:1:1/2/4")}
+    out.update({f"{op}/{spec}": sparsec.compile(op, instance(spec), feat=FEAT, target="cuda:sm_90a").source()
+                for op in ("spmm_bias", "spmm_add") for spec in ("hyb:1:1/2/4", "bsr+csr:2x2,0.5")})
+    return out
+
+
+@pytest.mark.parametrize("spec", ("hyb:1:1/2/4", "bsr+csr:2x2,0.5"))
+def test_cuda_added_term_has_no_pass_of_its_own(cuda_sources, spec):
+    """The folded term: a fill that stores it, then the parts; no epilogue launch. On hyb the
+    buckets that own their rows read the term too (they start from it)."""
+    for op, term in (("spmm_bias", "b_ptr"), ("spmm_add", "R_ptr")):
+        kernels = _kernels(cuda_sources[f"{op}/{spec}"])
+        readers = [name for name, body in kernels if term in body]
+        if spec.startswith("hyb"):
+            assert len(kernels) == 2 and len(readers) == 2, [k for k, _ in kernels]
+        else:  # bsr+csr: both parts add into the fill
+            assert readers == [kernels[0][0]], [k for k, _ in kernels]
 
 
 @pytest.mark.parametrize("spec", ("csr", "bsr:2x2", "ell"))

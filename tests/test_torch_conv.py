@@ -116,6 +116,23 @@ def test_sageconv_matches_torch_geometric_on_the_same_weights():
         assert torch.allclose(ours(A, x), ref(x, edge_index), atol=1e-5)
 
 
+def test_gcnconv_matches_torch_geometric_on_the_same_weights():
+    pyg = pytest.importorskip("torch_geometric.nn")
+    adj = awkward_graph(41, 5)
+    adj = ((adj + adj.T) > 0).astype(np.float32).tolil()
+    adj.setdiag(0)  # PyG adds the self-loops, as gcn_norm does
+    adj = adj.tocsr()
+    adj.eliminate_zeros()
+    coo = adj.tocoo()
+    edge_index = torch.from_numpy(np.vstack([coo.col, coo.row]).astype(np.int64))
+    torch.manual_seed(4)
+    ref = pyg.GCNConv(9, 5)
+    torch.nn.init.uniform_(ref.bias, -1, 1)  # PyG starts it at zero: make it count
+    ours = st.GCNConv(9, 5).load_pyg(ref)
+    x = torch.randn(41, 9)
+    assert torch.allclose(ours(st.SparseTensor(st.gcn_norm(adj)), x), ref(x, edge_index), atol=1e-5)
+
+
 def test_bad_input_is_named():
     A = st.SparseTensor(st.gcn_norm(awkward_graph(30, 4)))
     gcn, sage = st.GCNConv(8, 4), st.SAGEConv(8, 4)

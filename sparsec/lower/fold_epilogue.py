@@ -6,9 +6,10 @@ into it, atomically on CUDA; an epilogue after it cannot fuse into any one part'
 (``schedules.epilogue``) and is a pass of its own over the output. When that epilogue only
 adds a term that does not read the output, ``C[i, k] = C[i, k] + t(i, k)`` (a bias), the
 sum may as well start from ``t``: the fill stores ``t`` instead of 0 and the epilogue's pass
-is gone -- RGCN's bias costs nothing. A part that owns its rows (a composite with disjoint
-rows fills only the rows no part covers) starts them from the term instead of 0. Exact by associativity up to the order of the float
-additions, which atomics leave unspecified anyway.
+is gone -- RGCN's bias costs nothing. A part that owns its rows (hyb's narrow buckets: the
+fill then matters only for rows no part covers) starts them from the term instead of 0.
+Exact by associativity up to the order of the float additions, which atomics leave
+unspecified anyway.
 """
 from __future__ import annotations
 
