@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=7, help="eager timing rounds, interleaved across contestants")
+    ap.add_argument("--rounds", type=int, default=11, help="eager timing rounds, interleaved across contestants")
     ap.add_argument("--models", nargs="*", default=["GCN", "GraphSAGE", "GAT"])
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args(argv)

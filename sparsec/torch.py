@@ -398,24 +398,37 @@ class SAGEConv(torch.nn.Module):
     ``SAGEConv(aggr="mean")`` (its ``lin_l.weight``, ``lin_r.weight``, ``lin_l.bias``;
     :meth:`load_pyg` copies them). ``a_mean``: :func:`mean_adjacency` of the graph as a
     SparseTensor (row i lists the neighbours i aggregates). One autograd node, the root term
-    added by the SpMM's epilogue, where the matrix is fixed; else the ops composed."""
+    added by the SpMM's epilogue, where the matrix is fixed; else the ops composed.
+
+    ``weight`` holds W_l and W_r stacked (2 out x in; ``weight_l`` and ``weight_r`` are its
+    halves, as views): one parameter instead of two spares every training step an autograd
+    node and lets the backward pass form both weights' gradients in one product."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         bound = 1 / math.sqrt(in_features)
-        self.weight_l = _uniform((out_features, in_features), bound)
-        self.weight_r = _uniform((out_features, in_features), bound)
+        self.weight = _uniform((2 * out_features, in_features), bound)
         self.bias = _uniform((out_features,), bound) if bias else None
+
+    @property
+    def weight_l(self) -> torch.Tensor:
+        """W_l, applied to the neighbour mean (a view of ``weight``'s first half)."""
+        return self.weight[:self.out_features]
+
+    @property
+    def weight_r(self) -> torch.Tensor:
+        """W_r, applied to the node itself (a view of ``weight``'s second half)."""
+        return self.weight[self.out_features:]
 
     def forward(self, a_mean: SparseTensor, x: torch.Tensor) -> torch.Tensor:
         _check_x(a_mean, x, self.in_features)
         if a_mean.shape[0] != a_mean.shape[1]:
             raise ValueError(f"a_mean should be square (nodes x nodes), got shape {a_mean.shape}")
-        if torch_conv.fused(a_mean, x, self.weight_l, self.weight_r, self.bias):
+        if torch_conv.fused(a_mean, x, self.weight, self.bias):
             project = torch_conv.project_first(x, self.in_features, self.out_features)
-            return torch_conv.sage(x if x.is_contiguous() else x.contiguous(), self.weight_l, self.weight_r,
-                                   self.bias, a_mean, project)
+            return torch_conv.sage(x if x.is_contiguous() else x.contiguous(), self.weight, self.bias, a_mean,
+                                   project)
         out = spmm(a_mean, x) @ self.weight_l.t() + x @ self.weight_r.t()
         return out + self.bias if self.bias is not None else out
 

@@ -99,41 +99,52 @@ gcn = _direct(_GCNFunction)  # gcn(x, weight, bias, A, project)
 
 
 class _SAGEFunction(torch.autograd.Function):
-    """``A @ x @ Wl^T + x @ Wr^T + b`` (A the mean aggregator), the neighbour term projected
-    first or aggregated first (:func:`project_first`; PyG's SAGEConv aggregates first)."""
+    """``A @ x @ Wl^T + x @ Wr^T + b`` (A the mean aggregator), with ``weight`` the two
+    matrices stacked, ``[Wl; Wr]`` (2 out x in: one parameter, so one gradient and one
+    ``AccumulateGrad`` node). The neighbour term is projected first or aggregated first
+    (:func:`project_first`; PyG's SAGEConv aggregates first). Projecting first, the backward
+    pass stacks the two output gradients, ``G = [A^T dY | dY]``, so that ``dW = G^T x`` and
+    ``dx = G W`` are one product each (one launch fewer than four, and x read once)."""
 
     @staticmethod
-    def forward(ctx, x, weight_l, weight_r, bias, A, project):
+    def forward(ctx, x, weight, bias, A, project):
+        fout = weight.shape[0] // 2
+        weight_l, weight_r = weight[:fout], weight[fout:]
         root = torch.mm(x, weight_r.t()) if bias is None else torch.addmm(bias, x, weight_r.t())
         ctx.A, ctx.project = A, project
         if project:
             out = _matrix_op("spmm_add", A, [torch.mm(x, weight_l.t()), root], A.shape[0])
-            ctx.save_for_backward(x, weight_l, weight_r)
+            ctx.save_for_backward(x, weight)
         else:
             agg = _matrix_op("spmm", A, [x], A.shape[0])
             out = root.addmm_(agg, weight_l.t())
-            ctx.save_for_backward(x, weight_l, weight_r, agg)
+            ctx.save_for_backward(x, weight, agg)
         return out
 
     @staticmethod
     def backward(ctx, dy):
         A, need = ctx.A, ctx.needs_input_grad
         dy = dy.contiguous()
+        dx = dw = None
         if ctx.project:
-            x, weight_l, weight_r = ctx.saved_tensors
-            dxl = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)  # gradient of x Wl^T
-            dwl = torch.mm(dxl.t(), x) if need[1] else None
-            dx = torch.addmm(torch.mm(dy, weight_r), dxl, weight_l) if need[0] else None
+            x, weight = ctx.saved_tensors
+            if need[0] or need[1]:
+                dxl = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)  # gradient of x Wl^T
+                g = torch.cat([dxl, dy], 1)
+                dx = torch.mm(g, weight) if need[0] else None
+                dw = torch.mm(g.t(), x) if need[1] else None
         else:
-            x, weight_l, weight_r, agg = ctx.saved_tensors
-            dwl = torch.mm(dy.t(), agg) if need[1] else None
-            dx = None
+            x, weight, agg = ctx.saved_tensors
+            fout = weight.shape[0] // 2
+            if need[1]:
+                dw = weight.new_empty(weight.shape)
+                torch.mm(dy.t(), agg, out=dw[:fout])
+                torch.mm(dy.t(), x, out=dw[fout:])
             if need[0]:
-                dx = _matrix_op("spmm", A, [torch.mm(dy, weight_l)], A.shape[1], transposed=True)
-                dx.addmm_(dy, weight_r)
-        dwr = torch.mm(dy.t(), x) if need[2] else None
-        db = dy.sum(0) if need[3] else None
-        return dx, dwl, dwr, db, None, None
+                dx = _matrix_op("spmm", A, [torch.mm(dy, weight[:fout])], A.shape[1], transposed=True)
+                dx.addmm_(dy, weight[fout:])
+        db = dy.sum(0) if need[2] else None
+        return dx, dw, db, None, None
 
 
-sage = _direct(_SAGEFunction)  # sage(x, weight_l, weight_r, bias, A, project)
+sage = _direct(_SAGEFunction)  # sage(x, weight, bias, A, project), weight = [Wl; Wr]

@@ -69,8 +69,8 @@ def test_gcn_and_sage_match_float64_dense_autograd(fmt, widths, device, x_grad):
     gcn, sage = st.GCNConv(fin, fout).to(device), st.SAGEConv(fin, fout).to(device)
     cases = [
         (gcn, a_hat, lambda a, x, w, b: a @ (x @ w) + b, [gcn.weight, gcn.bias]),
-        (sage, a_mean, lambda a, x, wl, wr, b: (a @ x) @ wl.t() + x @ wr.t() + b,
-         [sage.weight_l, sage.weight_r, sage.bias]),
+        (sage, a_mean, lambda a, x, w, b: (a @ x) @ w[:fout].t() + x @ w[fout:].t() + b,  # w = [Wl; Wr]
+         [sage.weight, sage.bias]),
     ]
     for layer, mat, ref, params in cases:
         A = st.SparseTensor(mat, fmt, device=device)
@@ -85,6 +85,25 @@ def test_gcn_and_sage_match_float64_dense_autograd(fmt, widths, device, x_grad):
         got_grads = ([x.grad] if x_grad else []) + [p.grad for p in params]
         for got, exp in zip(got_grads, grads if x_grad else grads[1:]):
             assert close(got.cpu(), exp), (type(layer).__name__, fmt)
+
+
+@pytest.mark.parametrize("widths", [(24, 8), (8, 24)])
+def test_sage_with_frozen_weights_still_gives_x_its_gradient(widths):
+    """Only x's gradient asked for (the weight and bias frozen): the stacked-gradient path
+    skips the weight product and must still give dx = A^T dY Wl + dY Wr."""
+    fin, fout = widths
+    adj = awkward_graph(37, 6)
+    a_mean = st.mean_adjacency(adj)
+    sage = st.SAGEConv(fin, fout)
+    sage.requires_grad_(False)
+    x = torch.randn(37, fin, requires_grad=True)
+    ref = lambda a, x, w, b: (a @ x) @ w[:fout].t() + x @ w[fout:].t() + b
+    want, grads, w = dense_grads(ref, a_mean.toarray(), [sage.weight, sage.bias], x)
+    out = sage(st.SparseTensor(a_mean, "hyb"), x)
+    assert type(out.grad_fn).__name__.startswith("_SAGE")
+    (out * w.float()).sum().backward()
+    assert close(out.detach(), want) and close(x.grad, grads[0])
+    assert sage.weight.grad is None and sage.weight_l.data_ptr() == sage.weight.data_ptr()
 
 
 def test_layers_compose_the_ops_where_the_matrix_trains():
