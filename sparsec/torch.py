@@ -34,7 +34,8 @@ from .torch_launch import check_dense as _check_dense, eager as _eager, kernel_f
 from .torch_launch import launch_matrix_op as _launch, out_dtype as _out_dtype
 from .kernel import index_arrays, scalar_values
 
-__all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "SAGEConv", "mean_adjacency", "gcn_norm",
+__all__ = ["SparseTensor", "spmm", "sddmm", "SparseLinear", "GCNConv", "SAGEConv", "mean_adjacency", "root_augmented",
+           "gcn_norm",
            "kernel_for",
            "gat_graph", "gat_adjacency", "gat_format", "multihead_spmm", "multihead_sddmm", "edge_softmax", "gat_aggregate", "GATConv"]
 # graph attention and multi-head products live in sparsec.torch_gnn (imported on first use)
@@ -224,6 +225,7 @@ class SparseTensor:
         self.size_names, self.sizes = ",".join(sizes), [int(v) for v in sizes.values()]
         self.size_dict = dict(zip(sizes, self.sizes))  # what an eager call reads (no parsing per call)
         self.transpose, self._t_values, self.t_ffi_index, self.t_size_dict = None, None, None, None
+        self._with_root = None  # (values, version, SparseTensor): see root_augmented
         t_spec = transpose_spec(self.format)
         if grad and t_spec is None:
             raise ValueError(f"{self.format} matrices have no backward pass here: converting the transpose "
@@ -364,6 +366,36 @@ def _uniform(shape, bound: float) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
 
 
+def root_augmented(a: SparseTensor) -> Optional[SparseTensor]:
+    """``[A | I]`` with its columns interleaved (n x 2n: A's column j moved to 2j, a 1 at
+    (i, 2i + 1)), or None where A's format would lose its blocks that way (bsr and others).
+
+    Why: with ``Y = x @ [W_l; W_r]^T`` (n x 2F, one product), ``Y.view(2n, F)`` holds row j's
+    neighbour projection at row 2j and its root projection at row 2j + 1, so
+    ``A (x W_l^T) + x W_r^T`` is one SpMM of this matrix with that view; and the SpMM of its
+    transpose with dY gives ``[A^T dY | dY]`` (2n x F, read as n x 2F), the stacked gradient
+    of Y, with no concatenation. GraphSAGE's layer projecting first is then one matmul and one
+    SpMM forward, one SpMM and two matmuls backward. Built on first use, in A's format, and
+    kept while A's values are the same unchanged tensor."""
+    values = a.values
+    cached = a._with_root
+    if cached is not None and cached[0] is values and cached[1] == values._version:
+        return cached[2]
+    family = a.format.split(":", 1)[0].split("[", 1)[0]
+    if family not in ("csr", "ell", "hyb") or a.shape[0] != a.shape[1]:
+        return None
+    m = a.instance.to_scipy(values.detach().cpu().numpy()).tocoo()
+    n = m.shape[0]
+    node = np.arange(n)
+    aug = sp.csr_matrix((np.concatenate([m.data, np.ones(n, m.data.dtype)]),
+                         (np.concatenate([m.row, node]), np.concatenate([2 * m.col, 2 * node + 1]))),
+                        shape=(n, 2 * n))
+    out = SparseTensor(aug, "ell" if family == "ell" else a.format, device=values.device,
+                       dtype=a.instance.value_dtype)
+    a._with_root = (values, values._version, out)
+    return out
+
+
 class GCNConv(torch.nn.Module):
     """One graph convolution, ``A_hat @ (x @ W) + b`` (A_hat from :func:`gcn_norm`; W is
     in_features x out_features; :meth:`load_pyg` copies a PyG GCNConv's): one autograd node,
@@ -426,9 +458,13 @@ class SAGEConv(torch.nn.Module):
         if a_mean.shape[0] != a_mean.shape[1]:
             raise ValueError(f"a_mean should be square (nodes x nodes), got shape {a_mean.shape}")
         if torch_conv.fused(a_mean, x, self.weight, self.bias):
-            project = torch_conv.project_first(x, self.in_features, self.out_features)
-            return torch_conv.sage(x if x.is_contiguous() else x.contiguous(), self.weight, self.bias, a_mean,
-                                   project)
+            x = x if x.is_contiguous() else x.contiguous()
+            if torch_conv.project_first(x, self.in_features, self.out_features):
+                aug = root_augmented(a_mean)
+                if aug is not None and torch_conv.fused(aug, x):
+                    return torch_conv.sage(x, self.weight, self.bias, aug, "root")
+                return torch_conv.sage(x, self.weight, self.bias, a_mean, "project")
+            return torch_conv.sage(x, self.weight, self.bias, a_mean, "aggregate")
         out = spmm(a_mean, x) @ self.weight_l.t() + x @ self.weight_r.t()
         return out + self.bias if self.bias is not None else out
 

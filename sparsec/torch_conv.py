@@ -101,18 +101,31 @@ gcn = _direct(_GCNFunction)  # gcn(x, weight, bias, A, project)
 class _SAGEFunction(torch.autograd.Function):
     """``A @ x @ Wl^T + x @ Wr^T + b`` (A the mean aggregator), with ``weight`` the two
     matrices stacked, ``[Wl; Wr]`` (2 out x in: one parameter, so one gradient and one
-    ``AccumulateGrad`` node). The neighbour term is projected first or aggregated first
-    (:func:`project_first`; PyG's SAGEConv aggregates first). Projecting first, the backward
-    pass stacks the two output gradients, ``G = [A^T dY | dY]``, so that ``dW = G^T x`` and
-    ``dx = G W`` are one product each (one launch fewer than four, and x read once)."""
+    ``AccumulateGrad`` node). ``mode``:
+
+    * ``"root"``: projecting first with A given as ``sparsec.torch.root_augmented(A)``:
+      ``Y = x W^T`` is one product, and one SpMM of the augmented matrix (its epilogue adding
+      b) sums the neighbours' rows 2j and the node's own row 2i + 1 of ``Y.view(2n, out)``;
+      backward, the SpMM of its transpose gives ``G = [A^T dY | dY]`` directly;
+    * ``"project"``: projecting first on A itself (formats the augmentation would spoil,
+      bsr): two products and ``ops.spmm_add``; backward G is concatenated;
+    * ``"aggregate"``: ``(A x) Wl^T + x Wr^T + b`` (:func:`project_first`; PyG's order).
+
+    Projecting first, ``dW = G^T x`` and ``dx = G W`` are one product each."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, A, project):
+    def forward(ctx, x, weight, bias, A, mode):
         fout = weight.shape[0] // 2
+        ctx.A, ctx.mode = A, mode
+        if mode == "root":
+            y = torch.mm(x, weight.t()).view(-1, fout)  # rows 2j: x_j Wl^T, rows 2j + 1: x_j Wr^T
+            out = (_matrix_op("spmm", A, [y], A.shape[0]) if bias is None else
+                   _matrix_op("spmm_bias", A, [y, bias], A.shape[0]))
+            ctx.save_for_backward(x, weight)
+            return out
         weight_l, weight_r = weight[:fout], weight[fout:]
         root = torch.mm(x, weight_r.t()) if bias is None else torch.addmm(bias, x, weight_r.t())
-        ctx.A, ctx.project = A, project
-        if project:
+        if mode == "project":
             out = _matrix_op("spmm_add", A, [torch.mm(x, weight_l.t()), root], A.shape[0])
             ctx.save_for_backward(x, weight)
         else:
@@ -126,11 +139,13 @@ class _SAGEFunction(torch.autograd.Function):
         A, need = ctx.A, ctx.needs_input_grad
         dy = dy.contiguous()
         dx = dw = None
-        if ctx.project:
+        if ctx.mode != "aggregate":
             x, weight = ctx.saved_tensors
             if need[0] or need[1]:
-                dxl = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True)  # gradient of x Wl^T
-                g = torch.cat([dxl, dy], 1)
+                if ctx.mode == "root":  # [A^T dY | dY], 2n x out read as n x 2 out
+                    g = _matrix_op("spmm", A, [dy], A.shape[1], transposed=True).view(dy.shape[0], -1)
+                else:
+                    g = torch.cat([_matrix_op("spmm", A, [dy], A.shape[1], transposed=True), dy], 1)
                 dx = torch.mm(g, weight) if need[0] else None
                 dw = torch.mm(g.t(), x) if need[1] else None
         else:
@@ -147,4 +162,4 @@ class _SAGEFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-sage = _direct(_SAGEFunction)  # sage(x, weight, bias, A, project), weight = [Wl; Wr]
+sage = _direct(_SAGEFunction)  # sage(x, weight, bias, A, mode), weight = [Wl; Wr]

@@ -80,6 +80,9 @@ def test_gcn_and_sage_match_float64_dense_autograd(fmt, widths, device, x_grad):
         layer.zero_grad()
         out = layer(A, x)
         assert out.grad_fn is not None and type(out.grad_fn).__name__.startswith(("_GCN", "_SAGE"))
+        if layer is sage:  # projecting first on [A | I] interleaved, except on bsr (it would lose its blocks)
+            want_mode = "aggregate" if not (x_grad and fin > fout) else "project" if fmt.startswith("bsr") else "root"
+            assert out.grad_fn.mode == want_mode
         assert close(out.detach().cpu(), want)
         (out * w.float().to(device)).sum().backward()
         got_grads = ([x.grad] if x_grad else []) + [p.grad for p in params]
@@ -104,6 +107,21 @@ def test_sage_with_frozen_weights_still_gives_x_its_gradient(widths):
     (out * w.float()).sum().backward()
     assert close(out.detach(), want) and close(x.grad, grads[0])
     assert sage.weight.grad is None and sage.weight_l.data_ptr() == sage.weight.data_ptr()
+
+
+def test_root_augmented_matrix_is_kept_until_the_values_change():
+    adj = awkward_graph(29, 7)
+    A = st.SparseTensor(st.mean_adjacency(adj), "hyb")
+    aug = st.root_augmented(A)
+    assert aug is st.root_augmented(A) and aug.shape == (29, 58)
+    want = np.zeros((29, 58))
+    want[:, 0::2], want[np.arange(29), 2 * np.arange(29) + 1] = A.to_dense().numpy(), 1.0
+    assert np.allclose(aug.to_dense().numpy(), want)
+    with torch.no_grad():
+        A.values.mul_(2)  # changed in place: rebuilt from the new values
+    again = st.root_augmented(A)
+    assert again is not aug and np.allclose(again.to_dense().numpy()[:, 0::2], 2 * want[:, 0::2])
+    assert st.root_augmented(st.SparseTensor(st.mean_adjacency(adj), "bsr:2x2")) is None
 
 
 def test_layers_compose_the_ops_where_the_matrix_trains():
