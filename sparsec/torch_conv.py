@@ -6,8 +6,9 @@ Why one node: on graphs of 10^4-10^5 nodes a layer's kernels take microseconds a
 cost per op decides an eager training step (issue 27). Written as Linear + SpMM + bias, a
 layer records five autograd nodes and launches an op per term; here the forward is a matmul
 and one SpMM whose epilogue adds the bias or the root term (``ops.spmm_bias``,
-``ops.spmm_add``: one kernel for CSR), the backward the SpMM on A's transpose and the weight
-products, in one Python node. The matrix is fixed (its values need no gradient) and must
+``ops.spmm_add``: one kernel for CSR; GraphSAGE projecting first runs one SpMM of
+``sparsec.torch.root_augmented(A)`` on one matmul's output instead), the backward the SpMM on
+A's transpose and the weight products, in one Python node. The matrix is fixed (its values need no gradient) and must
 have its transpose (built by ``SparseTensor`` for csr, ell, hyb and bsr); otherwise, and
 under ``torch.compile`` or a dispatch mode, the layers compose the registered ops instead
 (same function, more nodes). This module sits below ``sparsec.torch``: it takes the matrix
