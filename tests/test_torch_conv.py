@@ -124,6 +124,47 @@ def test_root_augmented_matrix_is_kept_until_the_values_change():
     assert st.root_augmented(st.SparseTensor(st.mean_adjacency(adj), "bsr:2x2")) is None
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the GPU host runs this)")
+@pytest.mark.parametrize("fmt", ["csr", "hyb", "bsr:4x4"])
+def test_a_captured_training_step_replays_the_eager_one(fmt):
+    """Issue 27's captured path: a two-layer GCN and a two-layer GraphSAGE (both projection
+    orders, SAGE's root-augmented matrix) trained by replaying one captured step, against a
+    copy trained eagerly."""
+    import copy
+
+    adj = awkward_graph(61, 8)
+    x = torch.randn(61, 24, device="cuda")
+    y = torch.randint(0, 5, (61,), device="cuda")
+    for layer, mat in ((st.GCNConv, st.gcn_norm(adj)), (st.SAGEConv, st.mean_adjacency(adj))):
+        A = st.SparseTensor(mat, fmt, device="cuda")
+        torch.manual_seed(0)
+        net = torch.nn.ModuleList([layer(24, 12), layer(12, 5)]).cuda()
+        twin = copy.deepcopy(net)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (net, twin)]
+
+        def step(m, opt):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m[1](A, torch.relu(m[0](A, x))), y).backward()
+            opt.step()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step(net, opts[0])
+                step(twin, opts[1])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(net, opts[0])
+        for _ in range(3):
+            graph.replay()
+            step(twin, opts[1])
+        torch.cuda.synchronize()
+        for p, q in zip(net.parameters(), twin.parameters()):
+            assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), (layer.__name__, fmt)
+
+
 def test_layers_compose_the_ops_where_the_matrix_trains():
     adj = awkward_graph(40, 1)
     x = torch.randn(40, 12)
