@@ -7,11 +7,11 @@ cost per op decides an eager training step (issue 27). Written as Linear + SpMM 
 layer records five autograd nodes and launches an op per term; here the forward is a matmul
 and one SpMM whose epilogue adds the bias or the root term (``ops.spmm_bias``,
 ``ops.spmm_add``: one kernel for CSR; GraphSAGE projecting first runs one SpMM of
-``sparsec.torch.root_augmented(A)`` on one matmul's output instead), the backward the SpMM on
-A's transpose and the weight products, in one Python node. The matrix is fixed (its values need no gradient) and must
-have its transpose (built by ``SparseTensor`` for csr, ell, hyb and bsr); otherwise, and
-under ``torch.compile`` or a dispatch mode, the layers compose the registered ops instead
-(same function, more nodes). This module sits below ``sparsec.torch``: it takes the matrix
+``sparsec.torch.root_augmented(A)`` on one matmul's output instead), the backward the SpMM
+on A's transpose and the weight products, in one Python node. The matrix is fixed (its
+values need no gradient) and must have its transpose (built by ``SparseTensor`` for csr,
+ell, hyb and bsr); otherwise, and under ``torch.compile`` or a dispatch mode, the layers
+compose the registered ops instead (same function, more nodes). This module sits below ``sparsec.torch``: it takes the matrix
 by its attributes and launches through ``sparsec.torch_launch``.
 """
 from __future__ import annotations
