@@ -110,3 +110,16 @@ def test_bsr_takes_only_the_knobs_that_act_on_blocks():
     assert tc and all(set(c["schedule_knobs"]) == {"n_tile", "warp_m", "warp_n", "stages", "k_split"} for c in tc)
     assert all(c["schedule_knobs"]["warp_m"] <= 16 for c in tc)
     assert any("bsr_tensorcore" in why for why in half.pruned)
+
+
+@pytest.mark.parametrize("shape", [(97, 61), (64, 64), (1, 130)])
+def test_block_fill_counts_the_stored_blocks_of_every_bsr_size(shape):
+    """Stored b x b blocks (edge blocks whole, explicit zeros stored) by coarsening, against
+    the definition: one np.unique over every entry's block key."""
+    m = sp.random(*shape, density=0.07, format="csr", random_state=11)
+    m.data[::3] = 0.0  # explicit zeros still store their blocks
+    space = Space("spmm", m, 16)
+    for b in (2, 4, 8, 16, 32):
+        rows = np.repeat(np.arange(m.shape[0]) // b, np.diff(m.indptr))
+        blocks = np.unique(rows * (m.shape[1] // b + 1) + m.indices // b).size
+        assert space._block_fill(b) == pytest.approx(m.nnz / (blocks * b * b))

@@ -43,6 +43,7 @@ from ..formats import hyb as hyb_format
 from ..formats import make_format
 from ..formats.choose import default_format
 from ..formats.convert import as_csr
+from ..formats.stats import block_counts
 from ..lower import lower_program
 from ..schedules import features_over_threads, templates
 from ..targets import parse_target
@@ -140,6 +141,7 @@ class Space:
                              + f" (tune {'them' if len(wrong) > 1 else 'it'} with that dtype, e.g. "
                              f"--dtype {TC_FORMATS[wrong[0]][0]})")
         self._longest: Dict[int, int] = {}
+        self._blocks: Dict[int, int] = {}  # stored b x b blocks, by b (_block_fill)
         self.pruned: Dict[str, int] = {}
         self.candidates = self._enumerate()
         self.default = self._default()
@@ -290,9 +292,9 @@ class Space:
         m = self.matrix
         if not m.nnz:
             return 0.0
-        rows = np.repeat(np.arange(m.shape[0]) // b, np.diff(m.indptr))
-        keys = np.unique(rows.astype(np.int64) * (m.shape[1] // b + 1) + m.indices // b)
-        return m.nnz / (keys.size * b * b)
+        if b not in self._blocks:  # every BSR size at once, each coarsening the last
+            self._blocks.update(block_counts(m.indptr, m.indices, m.shape[1], sorted({*BSR_BLOCKS, b})))
+        return m.nnz / (self._blocks[b] * b * b)
 
     def _schedules(self, fam: str) -> Iterable[dict]:
         uses = self._uses(fam)
