@@ -107,6 +107,53 @@ def test_sigkill_leaves_a_loadable_log_and_resume_continues(matrix_file, tmp_pat
     assert [r.to_dict() for r in after[:len(before)]] == [r.to_dict() for r in before]
 
 
+def test_a_fresh_saved_model_answers_without_the_log_and_a_changed_log_refits_it(matrix_file, tmp_path,
+                                                                                monkeypatch):
+    """The model the tuner saves carries the log's digest and the top records of each case:
+    while the log is unchanged, picks read neither the log nor fit anything, and give what
+    the whole log gives; a log changed since (another tuning run, a pulled commit) refits and
+    re-saves it."""
+    from sparsec.tune import apply
+    from sparsec.tune.model import CostModel
+
+    log = str(tmp_path / "spmm_llvm.jsonl")
+    assert main(_tune_args(matrix_file, log, "--trials", "8", "--batch", "4")) == 0
+    m, other = sp.load_npz(matrix_file), _matrix(seed=5)
+    want = [tuned_config("spmm", x, FEAT, "llvm", log=log) for x in (m, other)]
+    saved = CostModel.load(model_path(log))
+    meta, meta_rows = saved.meta, saved.n_samples
+    assert meta["log_sha256"] == apply.log_digest(log) and 0 < len(meta["top_records"]) <= len(R.load(log))
+
+    def no_log(path):
+        raise AssertionError(f"read the log {path}")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(R, "load", no_log)
+        mp.setattr(apply, "fit_log_model", no_log)
+        assert [tuned_config("spmm", x, FEAT, "llvm", log=log) for x in (m, other)] == want
+    records = R.load(log)
+    with open(log, "a") as f:  # a slower duplicate of a logged measurement: a new digest, one more row
+        f.write(R.to_json_line({**records[0].to_dict(), "time_ms": 1e3, "trial": 999}))
+    assert tuned_config("spmm", m, FEAT, "llvm", log=log) == want[0]  # its best record stands
+    assert tuned_config("spmm", other, FEAT, "llvm", log=log)[1] == "model"
+    refitted = CostModel.load(model_path(log))
+    assert refitted.meta["log_sha256"] == apply.log_digest(log) and refitted.n_samples == meta_rows + 1
+
+
+def test_refit_saves_each_logs_model_and_names_a_missing_log(matrix_file, tmp_path, capsys):
+    from sparsec.tune import apply, refit
+    from sparsec.tune.model import CostModel
+
+    log = str(tmp_path / "spmm_llvm.jsonl")
+    assert main(_tune_args(matrix_file, log, "--trials", "8", "--batch", "4")) == 0
+    os.remove(model_path(log))
+    assert refit.main([log]) == 0 and model_path(log) in capsys.readouterr().out
+    assert CostModel.load(model_path(log)).meta["log_sha256"] == apply.log_digest(log)
+    with pytest.raises(SystemExit):
+        refit.main([str(tmp_path / "none.jsonl")])
+    assert "no such log" in capsys.readouterr().err
+
+
 def test_tuned_choices_are_applied(matrix_file, tmp_path, monkeypatch):
     """The best record for the matrix wins; an unseen matrix gets the model's pick; with no
     log, the default. sparsec.compile(knobs="tuned") takes the record's schedule knobs."""

@@ -123,3 +123,23 @@ def test_block_fill_counts_the_stored_blocks_of_every_bsr_size(shape):
         rows = np.repeat(np.arange(m.shape[0]) // b, np.diff(m.indptr))
         blocks = np.unique(rows * (m.shape[1] // b + 1) + m.indices // b).size
         assert space._block_fill(b) == pytest.approx(m.nnz / (blocks * b * b))
+
+
+@pytest.mark.parametrize("feat", [32, 96, 512])
+def test_a_space_of_the_winning_configurations_holds_the_same_pool(feat):
+    """``Space(only=keys)`` enumerates just the configurations a zero-shot pick ranks: the
+    transfer pool it gives equals the one filtered from the whole space (winners logged on
+    the shipped H200 log, including knobs such as rows_per_block that "auto" resolved)."""
+    from pathlib import Path
+
+    from sparsec.tune import records as R
+    from sparsec.tune.transfer import transfer_pool, winning_keys
+
+    log = Path(__file__).resolve().parents[1] / "tuning_logs" / "spmm_cuda_sm_90a.jsonl"
+    keys = winning_keys(R.load(log), "spmm")
+    for m in (powerlaw(2000, 3), sp.random(500, 9000, density=0.01, format="csr", random_state=4)):
+        full = Space("spmm", m, feat, target="cuda:sm_90a")
+        narrow = Space("spmm", m, feat, target="cuda:sm_90a", only=keys)
+        assert len(narrow) < len(full)
+        assert sorted(map(candidate_id, transfer_pool(narrow, keys))) == \
+            sorted(map(candidate_id, transfer_pool(full, keys)))

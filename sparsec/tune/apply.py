@@ -13,6 +13,7 @@ source checkout's ``tuning_logs/``, as ``<op>_<target>.jsonl`` with the model be
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -167,38 +168,111 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
     else sparsec's untuned default."""
     from .features import MatrixContext
     from .space import Space
-    from .transfer import zero_shot_pick
+    from .transfer import config_key, winning_keys, zero_shot_pick
 
     ctx = MatrixContext(matrix)
     logs = [p for p in ([log] if log else log_candidates(op, target)) if p and os.path.isfile(p)]
-    records = {path: R.load(path) for path in logs}
+    known = {path: _log_knowledge(path) for path in logs}
     for path in logs:
-        best = R.best(records[path], op, ctx.signature, target, feat=feat, dtype=dtype)
+        best = R.best(known[path][0], op, ctx.signature, target, feat=feat, dtype=dtype)
         if best is not None:
             return _record_candidate(best), "record"
-    space = Space(op, ctx.matrix, feat, dtype, families=families, stats=ctx.stats, target=target)
+    def space(only=None):
+        return Space(op, ctx.matrix, feat, dtype, families=families, stats=ctx.stats, target=target, only=only)
+
     for path in logs:
-        model = _log_model(path, records[path])
-        if model is not None:
-            return zero_shot_pick(model, space, ctx, records[path]), "model"
-    return space.default, "default"
+        records, model = known[path]
+        if model is None:
+            continue
+        # the space of the configurations that won somewhere (all a pick ranks), unless none
+        # fits this matrix: then the whole space, as transfer_pool falls back to
+        keys = winning_keys(records, op, exclude_signature=ctx.signature)
+        narrow = space(keys)
+        fits = any(config_key(c) in keys for c in narrow.candidates)
+        return zero_shot_pick(model, narrow if fits else space(), ctx, records), "model"
+    return space().default, "default"
+
+
+def log_digest(log: str) -> str:
+    """SHA-256 of the log's bytes: a saved model serves only the log it was fitted on."""
+    with open(log, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def top_records(records) -> List[R.Record]:
+    """The ``transfer.TOP_PER_CASE`` fastest ok records of every logged case (op, matrix
+    signature, target, width, dtype), in the order ``records.best`` breaks ties: all that
+    :func:`tuned_config` reads of a log (the best record of a case, and the configurations
+    that won somewhere), a few hundred records where the log holds thousands."""
+    from .transfer import TOP_PER_CASE
+
+    cases: Dict[tuple, List[R.Record]] = {}
+    for r in records:
+        if r.status == "ok" and r.time_ms is not None:
+            cases.setdefault((r.op, r.signature, r.target, r.feat, r.dtype), []).append(r)
+    return [r for rs in cases.values() for r in sorted(rs, key=lambda r: (r.time_ms, r.timestamp, r.trial))
+            [:TOP_PER_CASE]]
+
+
+def fit_log_model(log: str, records=None):
+    """The cost model fitted on every measurement of ``log`` with features (None when too
+    few), carrying the log's digest and :func:`top_records` (``CostModel.meta``)."""
+    from .model import CostModel, training_rows
+
+    records = R.load(log) if records is None else records
+    model = CostModel().fit_arrays(*training_rows(records))
+    if not model.trained:
+        return None
+    model.meta = {"log_sha256": log_digest(log),
+                  "top_records": [R.to_plain(r) for r in top_records(records)]}
+    return model
+
+
+def _saved_model(log: str):
+    """The model saved beside ``log`` if it was fitted on this very log (its digest), else
+    None. A model this sparsec cannot read (other feature names, a damaged file) is a
+    stale cache: refitted, with a warning, rather than failing the compile."""
+    from .model import CostModel
+
+    saved = model_path(log)
+    if not os.path.isfile(saved):
+        return None
+    try:
+        model = CostModel.load(saved)
+    except ValueError as e:
+        warnings.warn(f"{e}; refitting the model from {log}", stacklevel=4)
+        return None
+    return model if model.meta.get("log_sha256") == log_digest(log) else None
+
+
+def _refit(log: str, records):
+    """Fit the model on ``records`` (``log``'s) and save it beside the log where the
+    directory is writable (a read-only install refits per process instead)."""
+    model = fit_log_model(log, records)
+    if model is not None:
+        try:
+            model.save(model_path(log))
+        except OSError:
+            pass
+    return model
 
 
 def _log_model(log: str, records):
-    """The model saved beside ``log``, else one fitted now on the log's ``records`` (about a
-    second: logs carry their feature rows), else None. A saved model this sparsec cannot
-    read (other feature names, a damaged file) is a stale cache: it is refitted, with a
-    warning, rather than failing the compile."""
-    from .model import CostModel, training_rows
+    """The model saved beside ``log`` when it was fitted on the log as it is now, else one
+    fitted now on the log's ``records`` (about a second: logs carry their feature rows) and
+    saved, else None (too few measurements)."""
+    return _saved_model(log) or _refit(log, records)
 
-    saved = model_path(log)
-    if os.path.isfile(saved):
-        try:
-            return CostModel.load(saved)
-        except ValueError as e:
-            warnings.warn(f"{e}; refitting the model from {log}", stacklevel=3)
-    model = CostModel().fit_arrays(*training_rows(records))
-    return model if model.trained else None
+
+def _log_knowledge(log: str):
+    """(records, model) for :func:`tuned_config`: a fresh saved model and the top records it
+    carries (no log to parse, no fit: ``sparsec tune`` and ``python -m sparsec.tune.refit``
+    write it), else the whole log and a model fitted on it now."""
+    model = _saved_model(log)
+    if model is not None and isinstance(model.meta.get("top_records"), list):
+        return [R.Record.from_dict(d) for d in model.meta["top_records"]], model
+    records = R.load(log)
+    return records, _refit(log, records)
 
 
 @dataclass

@@ -76,6 +76,9 @@ class CostModel:
         self.num_rounds = int(num_rounds)
         self._booster = None
         self._n_samples = 0
+        # what the model was fitted on, saved with it (sparsec.tune.apply: the log's digest and
+        # the records a pick needs, so a fresh model answers without reading the log)
+        self.meta: Dict[str, Any] = {}
 
     @property
     def trained(self) -> bool:
@@ -139,10 +142,11 @@ class CostModel:
         booster = None if self._booster is None else self._booster.save_raw("json").decode("utf-8")
         doc = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "feature_names": list(FEATURE_NAMES),
                "params": self.params, "num_rounds": self.num_rounds, "n_samples": self._n_samples,
-               "booster": booster}
+               "booster": booster, "meta": self.meta}
         path = os.fspath(path)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".model-", suffix=".json")
         try:
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shipped model from other users
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f)
             os.replace(tmp, path)
@@ -170,6 +174,7 @@ class CostModel:
                              f"FEATURE_NAMES ({_first_difference(names)}); retrain the model")
         model = cls(params=doc.get("params"), num_rounds=doc.get("num_rounds", NUM_ROUNDS))
         model._n_samples = int(doc.get("n_samples", 0))
+        model.meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
         if doc.get("booster") is not None:
             xgb = _xgboost()
             booster = xgb.Booster()

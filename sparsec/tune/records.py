@@ -186,9 +186,14 @@ def _as_record(r: RecordLike) -> Record:
     return r if isinstance(r, Record) else Record.from_dict(r)
 
 
+def to_plain(record: RecordLike) -> Dict[str, Any]:
+    """The record as plain JSON data (what a log line holds)."""
+    return _plain(_as_record(record).to_dict(), "record")
+
+
 def to_json_line(record: RecordLike) -> str:
     """The record as one JSON line (keys sorted, no NaN, no raw newline), ending in "\\n"."""
-    data = _plain(_as_record(record).to_dict(), "record")
+    data = to_plain(record)
     return json.dumps(data, sort_keys=True, allow_nan=False, separators=(",", ":")) + "\n"
 
 

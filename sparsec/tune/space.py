@@ -117,7 +117,7 @@ class Space:
 
     def __init__(self, op: str, matrix, feat: int, dtype: str = "float32",
                  families: Optional[Sequence[str]] = None, size: str = "full", stats: Optional[dict] = None,
-                 target: str = "cuda"):
+                 target: str = "cuda", only: Optional[Iterable[str]] = None):
         if op not in ("spmm", "sddmm"):
             raise ValueError(f"the tuner handles spmm and sddmm, got {op!r}")
         if isinstance(feat, bool) or not isinstance(feat, (int, np.integer)) or feat < 1:
@@ -142,6 +142,10 @@ class Space:
                              f"--dtype {TC_FORMATS[wrong[0]][0]})")
         self._longest: Dict[int, int] = {}
         self._blocks: Dict[int, int] = {}  # stored b x b blocks, by b (_block_fill)
+        # ``only``: ``transfer.config_key``s -- the schedules of just these configurations (and
+        # the default), unpruned ones as the full space has them: a zero-shot pick ranks no
+        # other, and skips the enumeration of every knob product (most of a pick's time)
+        self._only = None if only is None else _schedules_by_format(only)
         self.pruned: Dict[str, int] = {}
         self.candidates = self._enumerate()
         self.default = self._default()
@@ -250,8 +254,7 @@ class Space:
                     self._prune(f"{fam}: packs {dtype} values, not {self.dtype}")
         if "bsr" in self.families and st["nnz"]:
             for b in BSR_BLOCKS:
-                fill = self._block_fill(b)
-                if fill >= MIN_BSR_FILL:
+                if self._fill_bound(b) >= MIN_BSR_FILL and self._block_fill(b) >= MIN_BSR_FILL:
                     yield f"bsr:{b}x{b}", {}
                 else:
                     self._prune(f"bsr: block fill below {MIN_BSR_FILL:g}")
@@ -285,6 +288,12 @@ class Space:
             self._longest[p] = int(lengths.max()) if lengths.size else 1
         return self._longest[p]
 
+    def _fill_bound(self, b: int) -> float:
+        """An upper bound of ``_block_fill(b)`` from the statistics, without counting: a 2b
+        block holds at most four b blocks and at least one, so fill_b <= 4 fill_2b."""
+        known = self.stats.get(f"block_fill_{2 * b}")
+        return 1.0 if known is None else 4 * float(known)
+
     def _block_fill(self, b: int) -> float:
         key = f"block_fill_{b}"
         if key in self.stats:
@@ -304,12 +313,32 @@ class Space:
                 knobs.setdefault(k, u.transformation.knobs[k])
                 shapes = [s for v in uses if k in v.knobs for s in v.shapes]
                 grid[k] = knobs[k].grid(self.size, shapes)
-        for combo in _product(grid):
+        combos = _product(grid) if self._only is None else self._listed(fam, knobs, grid)
+        for combo in combos:
             why = self._strategy(combo, uses) or self._template_prune(combo, uses)
             if why:
                 self._prune(why)
                 continue
             yield self._written(combo, uses)
+
+    def _listed(self, fam: str, knobs: dict, grid: dict) -> Iterable[dict]:
+        """The knob products that may write ``only``'s schedules for format ``fam``: a written
+        schedule's values (its left-out knobs at their defaults), and for a value off this
+        space's grid (one a grid value such as ``"auto"`` resolved to on the matrix it won
+        on) every grid value of that knob; ``transfer_pool`` keeps what writes a listed key."""
+        seen = set()
+        for sk in self._only.get(fam, ()):
+            if not set(sk) <= set(grid):
+                continue
+            options = {}
+            for k in grid:  # every value from the grid: each combo is one the full space enumerates
+                want = sk.get(k, knobs[k].default)
+                options[k] = (want,) if want in grid[k] else grid[k]
+            for combo in _product(options):
+                key = json.dumps(combo, sort_keys=True, default=str)
+                if key not in seen:
+                    seen.add(key)
+                    yield combo
 
     def _strategy(self, k: dict, uses) -> Optional[str]:
         """Search-strategy pruning of the SpMM template's knobs (the module docstring says why)."""
@@ -335,6 +364,16 @@ class Space:
                 if why:
                     return f"{t.name}: {why}"
         return None
+
+
+def _schedules_by_format(keys: Iterable[str]) -> Dict[str, List[dict]]:
+    """Format -> the schedule knobs of ``transfer.config_key``s (JSON [op, format, col_parts,
+    schedule_knobs])."""
+    out: Dict[str, List[dict]] = {}
+    for key in keys:
+        _, fmt, _, sk = json.loads(key)
+        out.setdefault(fmt, []).append(sk)
+    return out
 
 
 def _product(grid: Dict[str, Sequence[Any]]) -> Iterable[dict]:

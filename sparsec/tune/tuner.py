@@ -23,8 +23,8 @@ import numpy as np
 
 from . import records as R
 from .features import MatrixContext, feature_matrix
-from .apply import INSTANCE_SIGNATURE, model_path
-from .model import FEATURES_KEY, CostModel, training_rows
+from .apply import INSTANCE_SIGNATURE, fit_log_model, model_path
+from .model import FEATURES_KEY, training_rows
 from .runner import Runner
 from .search import Search, SearchResult, Trial
 from .space import Space, candidate_id
@@ -221,13 +221,12 @@ class _Measurer:
 
 
 def save_log_model(log: str) -> Optional[str]:
-    """Fit the model on every logged measurement with features and save it beside the log."""
+    """Fit the model on every logged measurement with features and save it beside the log,
+    with the log's digest and top records (``apply.fit_log_model``)."""
     if not os.path.exists(log):
         return None
-    X, y = training_rows(R.load(log))
-    model = CostModel()
-    model.fit_arrays(X, y)
-    if not model.trained:
+    model = fit_log_model(log)
+    if model is None:
         return None
     path = model_path(log)
     model.save(path)
