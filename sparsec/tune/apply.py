@@ -178,7 +178,7 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
         if best is not None:
             return _record_candidate(best), "record"
     def space(only=None):
-        return Space(op, ctx.matrix, feat, dtype, families=families, stats=ctx.stats, target=target, only=only)
+        return Space(op, ctx.canonical, feat, dtype, families=families, stats=ctx.stats, target=target, only=only)
 
     for path in logs:
         records, model = known[path]
@@ -214,6 +214,12 @@ def top_records(records) -> List[R.Record]:
             [:TOP_PER_CASE]]
 
 
+# what a pick reads of a record (records.best, transfer.winning_keys, _record_candidate): the
+# feature rows, statistics and versions stay in the log
+_PICK_FIELDS = ("op", "format", "format_knobs", "schedule_knobs", "feat", "dtype", "signature", "target",
+                "time_ms", "status", "timestamp", "trial")
+
+
 def fit_log_model(log: str, records=None):
     """The cost model fitted on every measurement of ``log`` with features (None when too
     few), carrying the log's digest and :func:`top_records` (``CostModel.meta``)."""
@@ -224,7 +230,8 @@ def fit_log_model(log: str, records=None):
     if not model.trained:
         return None
     model.meta = {"log_sha256": log_digest(log),
-                  "top_records": [R.to_plain(r) for r in top_records(records)]}
+                  "top_records": [{k: v for k, v in R.to_plain(r).items() if k in _PICK_FIELDS}
+                                  for r in top_records(records)]}
     return model
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsec.formats import bsr, ell, hyb, registry
-from sparsec.formats.convert import Canonical, as_csr
+from sparsec.formats.convert import Canonical, canonical_csr
 from sparsec.schedules import features_over_threads, lane_groups, parallel_rows
 from sparsec.schedules.cuda import resolve_rows
 from sparsec.schedules.cuda_sddmm import resolve_lanes
@@ -224,10 +224,10 @@ class MatrixContext:
     """One matrix, its statistics, and its format layouts computed on demand and cached."""
 
     def __init__(self, matrix):
-        self.csr: sp.csr_matrix = as_csr(matrix)
-        # a copy: matrix_stats' block counting writes into the indptr it is given (scipy
-        # sum_duplicates through a strided view), which would corrupt self.csr and the caller's matrix
-        self.stats: Dict[str, float] = matrix_stats(self.csr.copy())
+        # validated once; the statistics, the signature and a Space read the Canonical as it is
+        self.canonical: Canonical = canonical_csr(matrix)
+        self.csr: sp.csr_matrix = self.canonical.scipy()
+        self.stats: Dict[str, float] = matrix_stats(self.canonical)
         self._signature: Optional[str] = None
         self._group_cache: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self._auto_cache: Dict[Optional[int], Tuple[int, Tuple[int, ...]]] = {}
@@ -238,7 +238,7 @@ class MatrixContext:
         """``signature.matrix_signature`` of the matrix (computed once; tuning records name
         their matrix by it)."""
         if self._signature is None:
-            self._signature = matrix_signature(self.csr)
+            self._signature = matrix_signature(self.canonical)
         return self._signature
 
     @property

@@ -42,7 +42,7 @@ from .. import ops
 from ..formats import hyb as hyb_format
 from ..formats import make_format
 from ..formats.choose import default_format
-from ..formats.convert import as_csr
+from ..formats.convert import canonical_csr
 from ..formats.stats import block_counts
 from ..lower import lower_program
 from ..schedules import features_over_threads, templates
@@ -132,7 +132,10 @@ class Space:
         self.op, self.feat, self.dtype, self.size = op, int(feat), dtype, size
         self.target = target
         self.target_kind = parse_target(target).kind
-        self.matrix = as_csr(matrix)
+        # validated once: the hyb rules below take the Canonical as it is (a MatrixContext's,
+        # passed by tuned_config, is not validated again either)
+        self._canon = canonical_csr(matrix)
+        self.matrix = self._canon.scipy()
         self.stats = stats or matrix_stats(self.matrix)
         self.families = families
         wrong = [f for f in families if f in TC_FORMATS and TC_FORMATS[f][0] != dtype]
@@ -142,6 +145,7 @@ class Space:
                              f"--dtype {TC_FORMATS[wrong[0]][0]})")
         self._longest: Dict[int, int] = {}
         self._blocks: Dict[int, int] = {}  # stored b x b blocks, by b (_block_fill)
+        self._outcomes: Dict[str, List[tuple]] = {}  # _schedules, by format spec
         # ``only``: ``transfer.config_key``s -- the schedules of just these configurations (and
         # the default), unpruned ones as the full space has them: a zero-shot pick ranks no
         # other, and skips the enumeration of every knob product (most of a pick's time)
@@ -171,7 +175,7 @@ class Space:
         if packed and all(f in TC_FORMATS for f in self.families):
             return self.format_default(packed[0])
         fam = default_format(self.op, self.stats, self.feat)
-        fk = self.hyb_knobs(*hyb_format.choose_params(self.matrix)) if fam == "hyb" else {}
+        fk = self.hyb_knobs(*hyb_format.choose_params(self._canon)) if fam == "hyb" else {}
         return candidate(self.op, fam, self.feat, self.dtype, fk, self._written({}, self._uses(fam), resolve_all=True))
 
     def format_default(self, spec: str, format_knobs: Optional[dict] = None) -> dict:
@@ -264,7 +268,7 @@ class Space:
 
     def _hyb_formats(self):
         cols = self.stats["cols"]
-        auto_p, auto_b = hyb_format.choose_params(self.matrix)
+        auto_p, auto_b = hyb_format.choose_params(self._canon)
         parts = sorted({p for p in HYB_COL_PARTS if p == 1 or cols / p >= MIN_RANGE_COLS} | {auto_p})
         for p in HYB_COL_PARTS:
             if p not in parts:
@@ -276,12 +280,14 @@ class Space:
             cap = hyb_format._pow2_ceil(self._longest_group(p))
             widths = sorted({min(w, max(cap, 1)) for w in HYB_MAX_BUCKETS} | ({auto_b[-1]} if p == auto_p else set()))
             if self.size == "small":
-                mid = auto_b[-1] if p == auto_p else hyb_format.choose_params_for(self.matrix, p)[1][-1]
+                mid = auto_b[-1] if p == auto_p else hyb_format.choose_params_for(self._canon, p)[1][-1]
                 widths = [w for w in widths if mid // 2 <= w <= mid * 2]
             for w in widths:
                 yield "hyb", self.hyb_knobs(p, [1 << i for i in range(int(w).bit_length())])
 
     def _longest_group(self, p: int) -> int:
+        if p == 1 and p not in self._longest:  # one column range: the groups are the rows
+            self._longest[1] = max(int(self.stats["row_len_max"]), 1)
         if p not in self._longest:
             m = self.matrix
             lengths = hyb_format._groups(m.indptr, m.indices, int(m.shape[1]), p)[3]
@@ -306,6 +312,18 @@ class Space:
         return m.nnz / (self._blocks[b] * b * b)
 
     def _schedules(self, fam: str) -> Iterable[dict]:
+        """The written, unpruned schedules of format ``fam``, worked out once per spec (hyb's
+        dozens of bucket and column-range variants share one): each use counts its prunes."""
+        if fam not in self._outcomes:
+            self._outcomes[fam] = list(self._schedule_outcomes(fam))
+        for why, sk in self._outcomes[fam]:
+            if why:
+                self._prune(why)
+            else:
+                yield dict(sk)
+
+    def _schedule_outcomes(self, fam: str) -> Iterable[tuple]:
+        """(prune reason, None) or (None, written schedule) for each knob product of ``fam``."""
         uses = self._uses(fam)
         knobs, grid = {}, {}
         for u in uses:
@@ -316,10 +334,7 @@ class Space:
         combos = _product(grid) if self._only is None else self._listed(fam, knobs, grid)
         for combo in combos:
             why = self._strategy(combo, uses) or self._template_prune(combo, uses)
-            if why:
-                self._prune(why)
-                continue
-            yield self._written(combo, uses)
+            yield (why, None) if why else (None, self._written(combo, uses))
 
     def _listed(self, fam: str, knobs: dict, grid: dict) -> Iterable[dict]:
         """The knob products that may write ``only``'s schedules for format ``fam``: a written
