@@ -143,3 +143,20 @@ def test_a_space_of_the_winning_configurations_holds_the_same_pool(feat):
         assert len(narrow) < len(full)
         assert sorted(map(candidate_id, transfer_pool(narrow, keys))) == \
             sorted(map(candidate_id, transfer_pool(full, keys)))
+
+
+def test_statistics_and_space_leave_the_matrix_and_its_canonical_form_unchanged():
+    """MatrixContext validates once and hands its Canonical to the statistics (block counting
+    coarsens copies of indptr) and to Space: neither may write into the shared arrays."""
+    from sparsec.tune.features import MatrixContext
+
+    m = powerlaw(1500, 7)
+    before = (m.indptr.copy(), m.indices.copy(), m.data.copy())
+    ctx = MatrixContext(m)
+    canon = tuple(a.copy() for a in (ctx.canonical.indptr, ctx.canonical.indices, ctx.canonical.data))
+    Space("spmm", ctx.canonical, 64, stats=ctx.stats, target="cuda:sm_90a")
+    for got, want in zip((m.indptr, m.indices, m.data), before):
+        assert np.array_equal(got, want)
+    for got, want in zip((ctx.canonical.indptr, ctx.canonical.indices, ctx.canonical.data), canon):
+        assert np.array_equal(got, want)
+    assert np.array_equal(ctx.csr.indptr, m.indptr) and ctx.signature == MatrixContext(m.copy()).signature
