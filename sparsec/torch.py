@@ -362,13 +362,19 @@ def _check_x(A, x: torch.Tensor, in_features: int):
         raise ValueError(f"x should have {in_features} features (the layer's in_features), got {x.shape[1]}")
 
 
+def _check_pyg_shape(name: str, weight: torch.Tensor, want) -> None:
+    if tuple(weight.shape) != tuple(want):
+        raise ValueError(f"{name} should be out x in = {tuple(want)} for this layer, got {tuple(weight.shape)}")
+
+
 def _uniform(shape, bound: float) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
 
 
 def root_augmented(a: SparseTensor) -> Optional[SparseTensor]:
     """``[A | I]`` with its columns interleaved (n x 2n: A's column j moved to 2j, a 1 at
-    (i, 2i + 1)), or None where A's format would lose its blocks that way (bsr and others).
+    (i, 2i + 1)), or None where A is not square or its format would lose its blocks that
+    way (bsr and others).
 
     Why: with ``Y = x @ [W_l; W_r]^T`` (n x 2F, one product), ``Y.view(2n, F)`` holds row j's
     neighbour projection at row 2j and its root projection at row 2j + 1, so
@@ -418,6 +424,7 @@ class GCNConv(torch.nn.Module):
 
     def load_pyg(self, conv) -> "GCNConv":
         """Take the weights of a PyG ``GCNConv`` (its ``lin.weight`` is W transposed)."""
+        _check_pyg_shape("conv.lin.weight", conv.lin.weight, (self.out_features, self.in_features))
         with torch.no_grad():
             self.weight.copy_(conv.lin.weight.t())
             if self.bias is not None:
@@ -470,6 +477,8 @@ class SAGEConv(torch.nn.Module):
 
     def load_pyg(self, conv) -> "SAGEConv":
         """Take the weights of a PyG ``SAGEConv(aggr="mean")``."""
+        for name in ("lin_l", "lin_r"):
+            _check_pyg_shape(f"conv.{name}.weight", getattr(conv, name).weight, (self.out_features, self.in_features))
         with torch.no_grad():
             self.weight_l.copy_(conv.lin_l.weight)
             self.weight_r.copy_(conv.lin_r.weight)

@@ -29,12 +29,15 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor subclasses (and their mode
 def fused(A, x: torch.Tensor, *params) -> bool:
     """Whether the one-node path applies to ``sparsec.torch.SparseTensor`` A: a fixed matrix
     with its transpose, values whose kernels return their own dtype (fp32, fp64), eager
-    plain tensors, no ``torch.func`` transform (whose wrapped tensors pass for plain ones)."""
+    plain tensors of the values' dtype on their device (a mismatch takes the composed ops,
+    where torch names it or promotes as usual, rather than reaching a kernel), no
+    ``torch.func`` transform (whose wrapped tensors pass for plain ones)."""
     values = A.values
     return (A.transpose is not None and not values.requires_grad and out_dtype(values) == values.dtype
             and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
             and eager(values) and
-            all(p is None or type(p) in _PLAIN for p in (x,) + params))
+            all(p is None or (type(p) in _PLAIN and p.dtype == values.dtype and p.device == values.device)
+                for p in (x,) + params))
 
 
 def _matrix_op(op: str, A, dense, rows: int, transposed: bool = False) -> torch.Tensor:

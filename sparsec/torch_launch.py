@@ -168,6 +168,7 @@ def eager(*tensors: torch.Tensor) -> bool:
 
 
 def check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):
+    """A dense operand named ``name``: 2-D with ``rows`` rows, the sparse values' dtype and device."""
     if x.dim() != 2 or x.shape[0] != rows:
         raise ValueError(f"{name} should be 2-D with {rows} rows, got shape {tuple(x.shape)}")
     if x.dtype != values.dtype:
@@ -218,8 +219,8 @@ def packed_operand(key: str, name: str, values: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class MatrixArgs:
     """What a kernel takes of a matrix: its registry key (``sparsec.torch``), index arrays on
-    the device (torch tensors or tvm_ffi tensors), values (the matrix's own, or any tensor of one value per stored slot), and
-    its run-time sizes (``rows``, ``cols``, extents)."""
+    the device (torch tensors or tvm_ffi tensors), values (the matrix's own, or any tensor of
+    one value per stored slot), and its run-time sizes (``rows``, ``cols``, extents)."""
 
     key: str
     index: Tuple[torch.Tensor, ...]

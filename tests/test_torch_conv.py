@@ -227,3 +227,25 @@ def test_bad_input_is_named():
     rect = st.SparseTensor(sp.random(30, 20, density=0.2, format="csr", dtype=np.float32, random_state=0))
     with pytest.raises(ValueError, match="a_mean should be square"):
         sage(rect, torch.randn(20, 8))
+
+
+def test_parameters_of_another_dtype_take_the_composed_ops_not_a_kernel():
+    """A bias left in float64 beside float32 weights and matrix: the one-node path would hand
+    it to a float32 kernel; the composed ops add it with torch's promotion instead."""
+    adj = awkward_graph(33, 9)
+    A = st.SparseTensor(st.mean_adjacency(adj), "hyb")
+    sage = st.SAGEConv(6, 3)
+    sage.bias = torch.nn.Parameter(sage.bias.detach().double())
+    x = torch.randn(33, 6)
+    assert not _fused(A, x, sage.weight, sage.bias)
+    out = sage(A, x)
+    want = torch.from_numpy(st.mean_adjacency(adj).toarray()) @ x @ sage.weight_l.t() + x @ sage.weight_r.t()
+    assert out.dtype == torch.float64 and torch.allclose(out, want.double() + sage.bias, atol=1e-5)
+
+
+def test_load_pyg_names_a_weight_of_the_wrong_shape():
+    pyg = pytest.importorskip("torch_geometric.nn")
+    with pytest.raises(ValueError, match=r"conv.lin_l.weight should be out x in = \(4, 8\)"):
+        st.SAGEConv(8, 4).load_pyg(pyg.SAGEConv(8, 5, aggr="mean"))
+    with pytest.raises(ValueError, match=r"conv.lin.weight should be out x in = \(4, 8\)"):
+        st.GCNConv(8, 4).load_pyg(pyg.GCNConv(7, 4))

@@ -138,6 +138,11 @@ def test_a_fresh_saved_model_answers_without_the_log_and_a_changed_log_refits_it
     assert tuned_config("spmm", other, FEAT, "llvm", log=log)[1] == "model"
     refitted = CostModel.load(model_path(log))
     assert refitted.meta["log_sha256"] == apply.log_digest(log) and refitted.n_samples == meta_rows + 1
+    answer = tuned_config("spmm", other, FEAT, "llvm", log=log)
+    refitted.meta["top_records"] = [{"op": "spmm"}]  # damaged: the log is read instead, with a warning
+    refitted.save(model_path(log))
+    with pytest.warns(UserWarning, match="missing the required field.*reading"):
+        assert tuned_config("spmm", other, FEAT, "llvm", log=log) == answer
 
 
 def test_refit_saves_each_logs_model_and_names_a_missing_log(matrix_file, tmp_path, capsys):

@@ -277,7 +277,10 @@ def _log_knowledge(log: str):
     write it), else the whole log and a model fitted on it now."""
     model = _saved_model(log)
     if model is not None and isinstance(model.meta.get("top_records"), list):
-        return [R.Record.from_dict(d) for d in model.meta["top_records"]], model
+        try:
+            return [R.Record.from_dict(d) for d in model.meta["top_records"]], model
+        except ValueError as e:  # a damaged file: the log still holds everything
+            warnings.warn(f"{model_path(log)}: {e}; reading {log} instead", stacklevel=3)
     records = R.load(log)
     return records, _refit(log, records)
 
