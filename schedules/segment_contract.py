@@ -56,6 +56,13 @@ SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, l
 # matrix it is compiled for (:func:`splits_for`), DEFAULT_SPLITS when only its format is known.
 SPLITS, DEFAULT_SPLITS, CHUNK, STEP = 16, 8, 32, 4
 BALANCED = 8  # a heaviest group within this many times the mean group is not split at all
+# The product's f loop is unrolled up to this F where a thread has BG > 1 columns: with f
+# constant, a thread's Z row and its BG adjacent W columns are consecutive words that nvcc
+# loads as vectors (LDS.128 / LDS.64). H200, rgcn_bias at R = 16 + root, whole call
+# (benchmarks/results/rgcn_kernel_H200.json): 64x64 mdual 1.36 -> 1.14 ms, R-MAT s18
+# 2.15 -> 1.99 ms, with the W reuse below; at 64x16 (BG = 1) the unrolled loop was slower
+# (mdual 0.77 -> 0.91 ms), so it stays a loop there
+UNROLL_F = 64
 
 
 def splits_for(row_lengths) -> int:
@@ -183,7 +190,7 @@ def partition(c: Contraction, splits: Optional[int] = None) -> Partition:
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
-           "t", "t0", "a", "b", "back", "sgt", "sgq")
+           "t", "t0", "a", "b", "back", "sgt", "sgq", "lp")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -199,20 +206,23 @@ def _fill(template: str, exprs: Dict[str, str]) -> str:
     return text.replace("\0", "T.").format(**exprs)
 
 
-def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
-         splits: Optional[int] = None) -> None:
-    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
-    GT = min(32, c.G)  # lanes over g
-    TS = THREADS // GT * PER_THREAD  # segments per chunk: thread rows x PER_THREAD
-    BG = -(-c.G // GT)  # g columns per thread
+def tile(c: Contraction) -> Tuple[int, int, int]:
+    """(GT, TS, BG): threads over g, segments per chunk (thread rows x PER_THREAD), g columns
+    per thread."""
+    GT = min(32, c.G)
+    return GT, THREADS // GT * PER_THREAD, -(-c.G // GT)
+
+
+def slots(nest, c: Contraction, dtype: str, reads: List[str], writes: str, part: Partition, sp) -> Dict[str, str]:
+    """The rendered expressions both kernels put in their ``{name}`` slots."""
     P = PREFIX
+    _, TS, _ = tile(c)
     root, entry, spatial, reduced = (f"v_{x}" for x in (c.root, c.entry, c.spatial, c.reduced))
-    n_root = render(c.root_extent, "int32")
-    part = partition(c, splits)
-    sp, cnt, base = Sym(P + "sp"), Sym(P + "cnt[0]"), Sym(P + "base")
+    cnt, base = Sym(P + "cnt[0]"), Sym(P + "base")
     near = {root: P + "p", reduced: P + "f"}
-    x = {
-        "name": nest.name, "reads": ", ".join(reads), "writes": writes, "dtype": dtype, "n_root": n_root,
+    return {
+        "name": nest.name, "reads": ", ".join(reads), "writes": writes, "dtype": dtype,
+        "n_root": render(c.root_extent, "int32"),
         "count_p0": render(c.entry_extent, "int32", {root: P + "p0"}),
         "count_p": render(c.entry_extent, "int32", {root: P + "p"}),
         "holds": str(part.holds(cnt, sp)),
@@ -226,133 +236,185 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
         "key_change": " or ".join(
             f"({render(k, 'int32', {root: P + 'sgt'})}) != ({render(k, 'int32', {root: P + 'sgq'})})"
             for k in c.key) or "False",
-        "store": (f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of('
-                  f'{render(c.target, dtype, {root: P + "p", spatial: P + "g"})}), {P}acc[{P}a, {P}b]))' if c.atomic else
-                  f"{render(c.target, dtype, {root: P + 'p', spatial: P + 'g'})} = {P}acc[{P}a, {P}b]"),
-        "identity": f"{render(c.target, dtype, {root: P + 'p0', spatial: P + 'g'})} = T.{dtype}(0)",
         "guard_p": ("True" if c.write_guard is None else
                     render(c.write_guard, "int32", {root: P + "p", spatial: P + "g"})),
-        "guard_p0": ("True" if c.write_guard is None else
-                     render(c.write_guard, "int32", {root: P + "p0", spatial: P + "g"})),
     }
+
+
+def declarations(c: Contraction, extra: str = "") -> str:
+    """The block's shared and local buffers (``extra``: more declarations, same indent)."""
+    GT, TS, BG = tile(c)
+    return f"""sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
+sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
+rs = T.alloc_buffer(({TS},), "int32", scope="shared")
+Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
+Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared"){extra}
+acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
+tmp = T.alloc_buffer((1,), "int32", scope="local")
+lp = T.alloc_buffer((1,), "int32", scope="local")
+cnt = T.alloc_buffer((1,), "int32", scope="local")
+z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
+ns = T.alloc_buffer((1,), "int32", scope="local")
+rv = T.alloc_buffer((1,), "int32", scope="local")
+rw = T.alloc_buffer((1,), "int32", scope="local")
+"""
+
+
+def segments_body(c: Contraction, part: Partition, chunks: int) -> str:
+    """What a block does with the root positions p0 it holds (``{holds}``, at least one in the
+    block): compact them (a scan in shared memory), then per chunk of TS of them sum each
+    segment's Z row, find the runs of one Q slice, and per run multiply by the slice and hand
+    every (segment, g) sum to ``{store}`` (p: the segment's root position; acc[a, b]: its
+    value). A run whose slice is the one in Ws already (the previous run's, often the
+    previous chunk's) does not load it again (lp: the position it was loaded for, -1 before
+    the first). A thread row whose segments are all outside the run, or past the chunk's
+    segments, skips the product (whole warps at G >= 32)."""
+    GT, TS, BG = tile(c)
     scan = ""
     s = 1
     while s < THREADS:
         scan += f"""
-                    T.tvm_storage_sync("shared")
-                    tmp[0] = sc[tid] + T.if_then_else(tid >= {s}, sc[T.max(tid - {s}, 0)], 0)
-                    T.tvm_storage_sync("shared")
-                    sc[tid] = tmp[0]"""
+T.tvm_storage_sync("shared")
+tmp[0] = sc[tid] + T.if_then_else(tid >= {s}, sc[T.max(tid - {s}, 0)], 0)
+T.tvm_storage_sync("shared")
+sc[tid] = tmp[0]"""
         s *= 2
-    owned = "" if c.atomic else """
-                    if cnt[0] == 0:
-                        for g in range(%d):
-                            if {guard_p0}:
-                                {identity}""" % c.G
+    return scan + f"""
+T.tvm_storage_sync("shared")
+if {{holds}}:
+    sg[sc[tid] - 1] = p0
+ns[0] = sc[{THREADS - 1}]
+T.tvm_storage_sync("shared")
+for ch in range({chunks}):
+    if ch * {TS} < ns[0]:
+        for k in range({-(-TS * c.F // THREADS)}):
+            e: T.int32 = tid + k * {THREADS}
+            if e < {TS * c.F}:
+                if ch * {TS} + e // {c.F} < ns[0]:
+                    p: T.int32 = sg[ch * {TS} + e // {c.F}]
+                    f: T.int32 = e % {c.F}
+                    cnt[0] = {{count_p}}
+                    z[0] = T.{{dtype}}(0)
+                    for kc in range({{chunks}}):
+                        base: T.int32 = {{first}}
+                        if {{full}}:
+                            for u in T.unroll({part.chunk}):
+                                z[0] = z[0] + {{near_full}}
+                        else:
+                            for v in range({{steps}}):
+                                for u in T.unroll({part.step}):
+                                    if base + v * {part.step} + u < cnt[0]:
+                                        z[0] = z[0] + {{near_step}}
+                    Zs[e // {c.F}, f] = z[0]
+                else:
+                    Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
+        if tid < {TS}:
+            t: T.int32 = tid
+            rs[t] = -2
+            if ch * {TS} + t < ns[0]:
+                rs[t] = T.if_then_else(t == 0, 0, -1)
+                if t > 0:
+                    sgt: T.int32 = sg[ch * {TS} + t]
+                    sgq: T.int32 = sg[ch * {TS} + t - 1]
+                    if {{key_change}}:
+                        rs[t] = t
+        T.tvm_storage_sync("shared")
+        if tid < {TS}:
+            tmp[0] = rs[tid]
+            for back in range({TS}):
+                if tmp[0] == -1:
+                    rv[0] = rs[T.max(tid - back - 1, 0)]
+                    if rv[0] != -1:
+                        tmp[0] = rv[0]
+        T.tvm_storage_sync("shared")
+        if tid < {TS}:
+            rs[tid] = tmp[0]
+        T.tvm_storage_sync("shared")
+        for t0 in range({TS}):
+            rv[0] = rs[t0]
+            if rv[0] == t0:
+                sgt: T.int32 = sg[ch * {TS} + t0]
+                sgq: T.int32 = T.max(lp[0], 0)
+                rw[0] = T.if_then_else(lp[0] < 0, 1, 0)
+                if lp[0] >= 0:
+                    if {{key_change}}:
+                        rw[0] = 1
+                if rw[0] != 0:
+                    for k in range({-(-c.F * c.G // THREADS)}):
+                        e: T.int32 = tid + k * {THREADS}
+                        if e < {c.F * c.G}:
+                            f: T.int32 = e // {c.G}
+                            g: T.int32 = e % {c.G}
+                            Ws[f, g] = {{far}}
+                    lp[0] = sgt
+                T.tvm_storage_sync("shared")
+                t: T.int32 = tid // {GT} * {PER_THREAD}
+                rv[0] = {TS}
+                rw[0] = -1
+                if t < ns[0] - ch * {TS}:
+                    rv[0] = rs[t]
+                    rw[0] = rs[T.min(t + {PER_THREAD - 1}, ns[0] - ch * {TS} - 1)]
+                if rv[0] <= t0 and rw[0] >= t0:
+                    for a, b in T.grid({PER_THREAD}, {BG}):
+                        acc[a, b] = T.{{dtype}}(0)
+                    for f in {"T.unroll" if c.F <= UNROLL_F and BG > 1 else "range"}({c.F}):
+                        for a, b in T.grid({PER_THREAD}, {BG}):
+                            acc[a, b] = acc[a, b] + Zs[tid // {GT} * {PER_THREAD} + a, f] * Ws[f, T.min(tid % {GT} * {BG} + b, {c.G - 1})]
+                    for a, b in T.grid({PER_THREAD}, {BG}):
+                        t: T.int32 = tid // {GT} * {PER_THREAD} + a
+                        g: T.int32 = tid % {GT} * {BG} + b
+                        if g < {c.G}:
+                            if t < ns[0] - ch * {TS}:
+                                rw[0] = rs[t]
+                                if rw[0] == t0:
+                                    p: T.int32 = sg[ch * {TS} + t]
+                                    if {{guard_p}}:
+                                        {{store}}
+                T.tvm_storage_sync("shared")
+        T.tvm_storage_sync("shared")
+"""
+
+
+def indent(text: str, spaces: int) -> str:
+    return "\n".join((" " * spaces + line) if line.strip() else line for line in text.strip("\n").split("\n"))
+
+
+def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str], writes: str,
+         splits: Optional[int] = None) -> None:
+    """TVMScript of the contraction kernel, at ``depth`` of the operator's PrimFunc."""
+    P = PREFIX
+    root, spatial = f"v_{c.root}", f"v_{c.spatial}"
+    part = partition(c, splits)
+    x = slots(nest, c, dtype, reads, writes, part, Sym(P + "sp"))
+    x["store"] = (f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of('
+                  f'{render(c.target, dtype, {root: P + "p", spatial: P + "g"})}), {P}acc[{P}a, {P}b]))' if c.atomic else
+                  f"{render(c.target, dtype, {root: P + 'p', spatial: P + 'g'})} = {P}acc[{P}a, {P}b]")
+    identity = f"{render(c.target, dtype, {root: P + 'p0', spatial: P + 'g'})} = T.{dtype}(0)"
+    guard_p0 = ("True" if c.write_guard is None else
+                render(c.write_guard, "int32", {root: P + "p0", spatial: P + "g"}))
+    owned = "" if c.atomic else f"""
+                if cnt[0] == 0:
+                    for g in range({c.G}):
+                        if {guard_p0}:
+                            {identity}"""
     text = f"""
 for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
-        for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
-            with T.sblock("{{name}}"):
-                T.reads({{reads}})
-                T.writes({{writes}})
-                bx: T.int32 = bs // {part.splits}
-                sp: T.int32 = bs % {part.splits}
-                sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
-                sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
-                rs = T.alloc_buffer(({TS},), "int32", scope="shared")
-                Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
-                Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared")
-                acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
-                tmp = T.alloc_buffer((1,), "int32", scope="local")
-                cnt = T.alloc_buffer((1,), "int32", scope="local")
-                z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
-                ns = T.alloc_buffer((1,), "int32", scope="local")
-                rv = T.alloc_buffer((1,), "int32", scope="local")
-                rw = T.alloc_buffer((1,), "int32", scope="local")
-                p0: T.int32 = bx * {THREADS} + tid
-                cnt[0] = 0
-                if p0 < {{n_root}}:
-                    cnt[0] = {{count_p0}}{owned}
-                sc[tid] = T.if_then_else({{holds}}, 1, 0)
-                rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0))
-                if rv[0] != 0:{scan}
-                    T.tvm_storage_sync("shared")
-                    if {{holds}}:
-                        sg[sc[tid] - 1] = p0
-                    ns[0] = sc[{THREADS - 1}]
-                    T.tvm_storage_sync("shared")
-                    for ch in range({THREADS // TS}):
-                        if ch * {TS} < ns[0]:
-                            for k in range({-(-TS * c.F // THREADS)}):
-                                e: T.int32 = tid + k * {THREADS}
-                                if e < {TS * c.F}:
-                                    if ch * {TS} + e // {c.F} < ns[0]:
-                                        p: T.int32 = sg[ch * {TS} + e // {c.F}]
-                                        f: T.int32 = e % {c.F}
-                                        cnt[0] = {{count_p}}
-                                        z[0] = T.{{dtype}}(0)
-                                        for kc in range({{chunks}}):
-                                            base: T.int32 = {{first}}
-                                            if {{full}}:
-                                                for u in T.unroll({part.chunk}):
-                                                    z[0] = z[0] + {{near_full}}
-                                            else:
-                                                for v in range({{steps}}):
-                                                    for u in T.unroll({part.step}):
-                                                        if base + v * {part.step} + u < cnt[0]:
-                                                            z[0] = z[0] + {{near_step}}
-                                        Zs[e // {c.F}, f] = z[0]
-                                    else:
-                                        Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
-                            if tid < {TS}:
-                                t: T.int32 = tid
-                                rs[t] = -2
-                                if ch * {TS} + t < ns[0]:
-                                    rs[t] = T.if_then_else(t == 0, 0, -1)
-                                    if t > 0:
-                                        sgt: T.int32 = sg[ch * {TS} + t]
-                                        sgq: T.int32 = sg[ch * {TS} + t - 1]
-                                        if {{key_change}}:
-                                            rs[t] = t
-                            T.tvm_storage_sync("shared")
-                            if tid < {TS}:
-                                tmp[0] = rs[tid]
-                                for back in range({TS}):
-                                    if tmp[0] == -1:
-                                        rv[0] = rs[T.max(tid - back - 1, 0)]
-                                        if rv[0] != -1:
-                                            tmp[0] = rv[0]
-                            T.tvm_storage_sync("shared")
-                            if tid < {TS}:
-                                rs[tid] = tmp[0]
-                            T.tvm_storage_sync("shared")
-                            for t0 in range({TS}):
-                                rv[0] = rs[t0]
-                                if rv[0] == t0:
-                                    for k in range({-(-c.F * c.G // THREADS)}):
-                                        e: T.int32 = tid + k * {THREADS}
-                                        if e < {c.F * c.G}:
-                                            f: T.int32 = e // {c.G}
-                                            g: T.int32 = e % {c.G}
-                                            Ws[f, g] = {{far}}
-                                    T.tvm_storage_sync("shared")
-                                    for a, b in T.grid({PER_THREAD}, {BG}):
-                                        acc[a, b] = T.{{dtype}}(0)
-                                    for f in range({c.F}):
-                                        for a, b in T.grid({PER_THREAD}, {BG}):
-                                            acc[a, b] = acc[a, b] + Zs[tid // {GT} * {PER_THREAD} + a, f] * Ws[f, T.min(tid % {GT} + b * {GT}, {c.G - 1})]
-                                    for a, b in T.grid({PER_THREAD}, {BG}):
-                                        t: T.int32 = tid // {GT} * {PER_THREAD} + a
-                                        g: T.int32 = tid % {GT} + b * {GT}
-                                        if g < {c.G}:
-                                            if t < ns[0] - ch * {TS}:
-                                                rw[0] = rs[t]
-                                                if rw[0] == t0:
-                                                    p: T.int32 = sg[ch * {TS} + t]
-                                                    if {{guard_p}}:
-                                                        {{store}}
-                                    T.tvm_storage_sync("shared")
-                            T.tvm_storage_sync("shared")
+    for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
+        with T.sblock("{{name}}"):
+            T.reads({{reads}})
+            T.writes({{writes}})
+            bx: T.int32 = bs // {part.splits}
+            sp: T.int32 = bs % {part.splits}
+{indent(declarations(c), 12)}
+            p0: T.int32 = bx * {THREADS} + tid
+            lp[0] = -1
+            cnt[0] = 0
+            if p0 < {{n_root}}:
+                cnt[0] = {{count_p0}}{owned}
+            sc[tid] = T.if_then_else({{holds}}, 1, 0)
+            rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0))
+            if rv[0] != 0:
+{indent(segments_body(c, part, THREADS // tile(c)[1]), 16)}
 """
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)

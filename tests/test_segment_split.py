@@ -12,7 +12,7 @@ from sparsec import dsl, ops
 from sparsec.formats import convert, stack_rows
 from sparsec.schedules import segment_contract
 from sparsec.schedules.segment_split import Partition, Sym
-from nvcc_tools import nvcc_sources
+from nvcc_tools import nvcc_ptx, nvcc_sources
 from test_axis_trees import _graph
 
 PARTITIONS = [Partition(segment_contract.SPLITS, segment_contract.CHUNK, segment_contract.STEP),
@@ -121,3 +121,17 @@ def test_split_count_follows_the_matrix():
     assert want > 1
     assert _split_line(insts["even"]).endswith("= 0")
     assert _split_line(insts["hub"]).endswith(f"% {want}")
+
+
+def test_contraction_product_loads_shared_tiles_as_vectors_and_reuses_the_w_slice():
+    """The per-run product: at G = 64 (two adjacent columns a thread) the f loop is unrolled
+    so that nvcc loads a thread's Z row four words at a time and its W columns two at a time;
+    at G = 16 it stays a loop. A run whose W slice is already in shared memory skips its
+    load (the load sits under the position it was loaded for, l__lp)."""
+    inst = convert(stack_rows(_graph(), np.arange(_graph().nnz) % 4, 4).astype(np.float32), "csr")
+    wide = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=64)
+    narrow = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=16)
+    assert "l__lp[0] = l__sgt" in wide.script and "l__lp[0] = -1" in wide.script
+    assert "for l__f in T.unroll(64)" in wide.script and "for l__f in T.unroll(64)" not in narrow.script
+    ptx = nvcc_ptx(wide.source(), "sm_90a")
+    assert "ld.shared.v4.f32" in ptx and "ld.shared.v2.f32" in ptx
