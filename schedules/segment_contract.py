@@ -25,8 +25,9 @@ together in a few groups of positions, are summed by SPLITS blocks instead of on
 theirs (a scan in shared memory), then, 32 or 64 at a time, each segment's partial Z row is
 summed by the threads over f -- a whole chunk as one unrolled run, its loads in flight
 together, the last partial chunk in guarded unrolled steps -- and every run of consecutive
-segments with the same Q slice loads the slice into shared memory once and multiplies its Z
-rows by it, a register tile of 4 segments x G/32 columns per thread. Partial sums from
+segments with the same Q slice loads the slice into shared memory once (not at all when the
+slice there is already that one) and multiplies its Z rows by it, a register tile of 4
+segments x G/32 adjacent columns per thread, for the thread rows that hold segments of the run. Partial sums from
 several blocks are correct by linearity where the output is added atomically (root
 positions that share an output row; the program's fill nest set it to the identity). An
 output that is stored (each row owned by one root position, empty rows given the identity
@@ -213,9 +214,10 @@ def tile(c: Contraction) -> Tuple[int, int, int]:
     return GT, THREADS // GT * PER_THREAD, -(-c.G // GT)
 
 
-def slots(nest, c: Contraction, dtype: str, reads: List[str], writes: str, part: Partition, sp) -> Dict[str, str]:
-    """The rendered expressions both kernels put in their ``{name}`` slots."""
+def slots(nest, c: Contraction, dtype: str, reads: List[str], writes: str, part: Partition) -> Dict[str, str]:
+    """The rendered expressions the kernel text's ``{name}`` slots take (``sp``: the block's split)."""
     P = PREFIX
+    sp = Sym(P + "sp")
     _, TS, _ = tile(c)
     root, entry, spatial, reduced = (f"v_{x}" for x in (c.root, c.entry, c.spatial, c.reduced))
     cnt, base = Sym(P + "cnt[0]"), Sym(P + "base")
@@ -241,14 +243,14 @@ def slots(nest, c: Contraction, dtype: str, reads: List[str], writes: str, part:
     }
 
 
-def declarations(c: Contraction, extra: str = "") -> str:
-    """The block's shared and local buffers (``extra``: more declarations, same indent)."""
+def declarations(c: Contraction) -> str:
+    """The block's shared and local buffers."""
     GT, TS, BG = tile(c)
     return f"""sc = T.alloc_buffer(({THREADS},), "int32", scope="shared")
 sg = T.alloc_buffer(({THREADS},), "int32", scope="shared")
 rs = T.alloc_buffer(({TS},), "int32", scope="shared")
 Zs = T.alloc_buffer(({TS}, {c.F}), "{{dtype}}", scope="shared")
-Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared"){extra}
+Ws = T.alloc_buffer(({c.F}, {c.G}), "{{dtype}}", scope="shared")
 acc = T.alloc_buffer(({PER_THREAD}, {BG}), "{{dtype}}", scope="local")
 tmp = T.alloc_buffer((1,), "int32", scope="local")
 lp = T.alloc_buffer((1,), "int32", scope="local")
@@ -260,7 +262,7 @@ rw = T.alloc_buffer((1,), "int32", scope="local")
 """
 
 
-def segments_body(c: Contraction, part: Partition, chunks: int) -> str:
+def segments_body(c: Contraction, part: Partition) -> str:
     """What a block does with the root positions p0 it holds (``{holds}``, at least one in the
     block): compact them (a scan in shared memory), then per chunk of TS of them sum each
     segment's Z row, find the runs of one Q slice, and per run multiply by the slice and hand
@@ -285,7 +287,7 @@ if {{holds}}:
     sg[sc[tid] - 1] = p0
 ns[0] = sc[{THREADS - 1}]
 T.tvm_storage_sync("shared")
-for ch in range({chunks}):
+for ch in range({THREADS // TS}):
     if ch * {TS} < ns[0]:
         for k in range({-(-TS * c.F // THREADS)}):
             e: T.int32 = tid + k * {THREADS}
@@ -376,6 +378,7 @@ for ch in range({chunks}):
 
 
 def indent(text: str, spaces: int) -> str:
+    """``text`` with every non-blank line moved right by ``spaces`` (to nest a piece of kernel text)."""
     return "\n".join((" " * spaces + line) if line.strip() else line for line in text.strip("\n").split("\n"))
 
 
@@ -385,7 +388,7 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
     P = PREFIX
     root, spatial = f"v_{c.root}", f"v_{c.spatial}"
     part = partition(c, splits)
-    x = slots(nest, c, dtype, reads, writes, part, Sym(P + "sp"))
+    x = slots(nest, c, dtype, reads, writes, part)
     x["store"] = (f'T.evaluate(T.call_extern("{dtype}", "atomicAdd", T.address_of('
                   f'{render(c.target, dtype, {root: P + "p", spatial: P + "g"})}), {P}acc[{P}a, {P}b]))' if c.atomic else
                   f"{render(c.target, dtype, {root: P + 'p', spatial: P + 'g'})} = {P}acc[{P}a, {P}b]")
@@ -414,7 +417,7 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
             sc[tid] = T.if_then_else({{holds}}, 1, 0)
             rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0))
             if rv[0] != 0:
-{indent(segments_body(c, part, THREADS // tile(c)[1]), 16)}
+{indent(segments_body(c, part), 16)}
 """
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)
