@@ -2,3 +2,20 @@
 schedules (below lower in the import layers) never import the emitter for a name."""
 
 ATOMIC_ATTR = "sparsec_atomic"  # block annotation: stores into global memory must be atomic adds
+
+# A kernel parameter of int32 counters, zeros when made, that a segment contraction with its
+# output's fill in the same launch keeps between calls (``schedules.segment_contract``): per
+# group of 256 output rows a claim and a filled-in call count, per thread block its own call
+# count. The runtime hands every call the same array per matrix instance, device and split
+# count (``sparsec.tc_operands``); the suffix is the kernel's split count, so kernels whose
+# thread blocks differ never share one.
+SYNC_PREFIX = "sparsec_sync_s"
+SYNC_ROWS = 256  # output rows per group, one thread block's root positions
+
+
+def sync_words(positions: int, splits: int) -> int:
+    """Counters a workspace needs for a matrix of at most ``positions`` root positions and
+    output rows, ``splits`` thread blocks per group of positions: a claim and a fill count
+    per group of rows, a call count per thread block."""
+    groups = -(-max(int(positions), 1) // SYNC_ROWS)
+    return (2 + int(splits)) * groups

@@ -8,6 +8,11 @@ arrays are cached on the instance with the ``data`` array they were packed from,
 hands the same objects to the device cache every call, and an instance whose values were
 replaced (``with_data``) is packed again rather than read stale. The kernels themselves
 handle any matrix size (their edges are bounds-checked), so nothing here pads B or C.
+
+A segment contraction that runs its output's fill in its own launch names a workspace too
+(``ir_attrs.SYNC_PREFIX`` and its split count): int32 zeros, sized for the instance's root
+positions and rows, made once and cached like the packed operands; the kernel keeps its
+counts there from call to call, so each call must hand it the same array.
 """
 from __future__ import annotations
 
@@ -16,14 +21,31 @@ from typing import Dict, Sequence
 import numpy as np
 
 from .formats.packed import CACHE, GATHER, SP24, gather_operands, sp24_operands
+from .ir_attrs import SYNC_PREFIX, sync_words
 
 PACKERS = {**{n: sp24_operands for n in SP24}, **{n: gather_operands for n in GATHER}}
+
+
+def _positions(inst) -> int:
+    """At least the root positions and output rows of any kernel on ``inst``: its rows (all
+    leading axes) or its longest index array (hyb's split rows), whichever is more."""
+    parts = getattr(inst, "parts", None) or (inst,)
+    longest = max((a.shape[0] for p in parts for a in p.arrays.values() if isinstance(a, np.ndarray) and a.ndim),
+                  default=0)
+    return max(int(np.prod(inst.shape[:-1])), int(longest))
+
+
+def _packer(name: str):
+    if name.startswith(SYNC_PREFIX) and name[len(SYNC_PREFIX):].isdigit():
+        splits = int(name[len(SYNC_PREFIX):])
+        return lambda inst: {name: np.zeros(sync_words(_positions(inst), splits), dtype=np.int32)}
+    return PACKERS.get(name)
 
 
 def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:
     """The arrays ``names`` (packed operands) of ``inst``, packed at most once per values
     array; ValueError naming an operand no packing produces."""
-    unknown = [n for n in names if n not in PACKERS]
+    unknown = [n for n in names if _packer(n) is None]
     if unknown:
         raise ValueError(f"this kernel reads the arrays {unknown}, which a matrix in format {inst.format.spec} "
                          f"does not carry (known packed operands: {sorted(PACKERS)})")
@@ -34,5 +56,5 @@ def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:
     arrays = cached[1]
     for n in names:
         if n not in arrays:
-            arrays.update(PACKERS[n](inst))
+            arrays.update(_packer(n)(inst))
     return {n: arrays[n] for n in names}
