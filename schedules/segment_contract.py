@@ -33,6 +33,12 @@ positions that share an output row; the program's fill nest set it to the identi
 output that is stored (each row owned by one root position, empty rows given the identity
 here) keeps SPLITS = 1: a store and an atomicAdd into one element from different blocks
 would race.
+
+Where the output's fill may run in this launch (``lower.fuse_fill``, off by default: see
+there), the blocks order themselves through a workspace of int32 counters that persists
+from call to call (``ir_attrs.SYNC_PREFIX``): the first block to reach a group of 256 output
+rows in a call claims and fills it, the others wait for that group only, before they add
+(:func:`sync_head`, :func:`sync_decide`, :func:`sync_claim`).
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
+from sparsec.ir_attrs import SYNC_PREFIX
 
 from .segment_split import Partition, Sym
 
@@ -190,8 +197,42 @@ def partition(c: Contraction, splits: Optional[int] = None) -> Partition:
     return Partition(splits, CHUNK, STEP)
 
 
+def fuses_fill(c: Contraction, fill) -> bool:
+    """The fill nest ``fill`` can run in ``c``'s launch (``lower.fuse_fill``): ``c`` adds
+    atomically into ``Y[p % E, g]`` or ``Y[p, g]`` with no write guard, and ``fill`` sets rows
+    [0, E) x the same compile-time g extent to a value of the row and g alone."""
+    if not c.atomic or c.write_guard is not None or fill.write_guard is not None:
+        return False
+    loops = [b for blk in fill.blocks for b in blk]
+    if len(loops) != 2 or not isinstance(loops[1].extent, Const) or int(loops[1].extent.value) != c.G:
+        return False
+    vr, vg = (f"v_{b.loop.name}" for b in loops)
+    if tuple(getattr(i, "name", None) for i in fill.target.index) != (vr, vg):
+        return False
+    if _uses(fill.value) - {vr, vg} or any(isinstance(n, Load) and n.buffer == fill.target.buffer
+                                           for n in walk(fill.value)):
+        return False
+    return _rows(c, loops[0].extent) is not None
+
+
+def _rows(c: Contraction, rows: Expr) -> Optional[Expr]:
+    """E where ``c`` adds into output row p % E (or p, E = ``rows``) of an output of ``rows``
+    rows, else None."""
+    vp, vg = f"v_{c.root}", f"v_{c.spatial}"
+    if len(c.target.index) != 2 or getattr(c.target.index[1], "name", None) != vg:
+        return None
+    r = c.target.index[0]
+    if isinstance(r, Var) and r.name == vp:
+        return rows
+    if (isinstance(r, BinOp) and r.op == "%" and isinstance(r.a, Var) and r.a.name == vp
+            and render(r.b, "int32") == render(rows, "int32")):
+        return rows
+    return None
+
+
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
-           "t", "t0", "a", "b", "back", "sgt", "sgq", "lp")
+           "t", "t0", "a", "b", "back", "sgt", "sgq", "lp", "sk", "sf", "ck", "fv", "gl", "st", "sq", "gn", "tr", "fi",
+           "fr", "fg", "ga", "gs", "ng")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -262,7 +303,7 @@ rw = T.alloc_buffer((1,), "int32", scope="local")
 """
 
 
-def segments_body(c: Contraction, part: Partition) -> str:
+def segments_body(c: Contraction, part: Partition, decide: str = "", claim: str = "") -> str:
     """What a block does with the root positions p0 it holds (``{holds}``, at least one in the
     block): compact them (a scan in shared memory), then per chunk of TS of them sum each
     segment's Z row, find the runs of one Q slice, and per run multiply by the slice and hand
@@ -285,8 +326,8 @@ sc[tid] = tmp[0]"""
 T.tvm_storage_sync("shared")
 if {{holds}}:
     sg[sc[tid] - 1] = p0
-ns[0] = sc[{THREADS - 1}]
-T.tvm_storage_sync("shared")
+ns[0] = sc[{THREADS - 1}]{decide}
+T.tvm_storage_sync("shared"){claim}
 for ch in range({THREADS // TS}):
     if ch * {TS} < ns[0]:
         for k in range({-(-TS * c.F // THREADS)}):
@@ -377,6 +418,121 @@ for ch in range({THREADS // TS}):
 """
 
 
+# Spins of a block waiting for another block's fill before it stops the kernel (__trap: a
+# workspace that no longer matches the matrix, never a hang); a fill takes microseconds
+SPIN_LIMIT = 1 << 24
+
+
+def sync_slots(c: Contraction, fill, dtype: str, part: Partition) -> Dict[str, str]:
+    """The rendered pieces of the fill protocol (``fill`` run in this launch): ``E`` (output
+    rows), ``ws`` (the workspace), ``grid`` (thread blocks), ``fill_store`` (the fill's
+    statement at row fr, column fg)."""
+    loops = [b for blk in fill.blocks for b in blk]
+    names = {f"v_{loops[0].loop.name}": PREFIX + "fr", f"v_{loops[1].loop.name}": PREFIX + "fg"}
+    E = render(_rows(c, loops[0].extent), "int32")
+    n_root = render(c.root_extent, "int32")
+    return {
+        "E": E, "ws": SYNC_PREFIX + str(part.splits),
+        "grid": f"(T.max(T.max({n_root}, {E}), 1) + {THREADS - 1}) // {THREADS} * {part.splits}",
+        "fill_store": f"{render(fill.target, dtype, names)} = {render(fill.value, dtype, names)}",
+    }
+
+
+def sync_head(c: Contraction) -> str:
+    """Thread 0, as the block starts: its groups of output rows (up to 3: its 256 positions'
+    rows p % E may wrap past row E - 1) into gl, and in split 0 the loads the protocol
+    decides on -- its own call count (ck) and the groups' fill counts (fv) -- issued beside the
+    segment counts' and used only after the scan, so their latency hides behind it. Blocks of
+    other splits, most of which hold nothing and leave at once (a block cannot retire before
+    its loads land), load them only once they know they take part (:func:`sync_decide`)."""
+    return f"""ck[0] = 0
+if tid == 0:
+    ga: T.int32 = bx * {THREADS} % T.max({{E}}, 1)
+    gs: T.int32 = T.min({THREADS - 1}, T.max(T.max({{n_root}}, {{E}}), 1) - 1 - bx * {THREADS})
+    gl[0] = ga // {THREADS}
+    gl[1] = T.if_then_else(ga + gs < {{E}}, (ga + gs) // {THREADS}, ({{E}} - 1) // {THREADS})
+    gl[2] = T.if_then_else(ga + gs < {{E}}, (ga + gs) // {THREADS}, T.min(ga + gs - {{E}}, {{E}} - 1) // {THREADS})
+    if sp == 0 and 2 * ng + {{grid}} <= n_sync:
+        ck[0] = {{ws}}[2 * ng + bs]
+        for q in range(3):
+            fv[q] = {{ws}}[ng + gl[q]]
+"""
+
+
+def sync_decide() -> str:
+    """Thread 0 of a block that takes part: count this call (its call count + 1) and tell
+    the block, through ``sf`` and the barrier after, whether a group of its rows is not yet
+    filled in this call (fill count != ck + 1)."""
+    return """if tid == 0:
+    if 2 * ng + {grid} > n_sync:
+        T.evaluate(T.call_extern("int32", "__trap"))
+    if sp != 0:
+        ck[0] = {ws}[2 * ng + bs]
+        for q in range(3):
+            fv[q] = {ws}[ng + gl[q]]
+    {ws}[2 * ng + bs] = ck[0] + 1
+    sq[0] = 0
+    for q in range(3):
+        if fv[q] != ck[0] + 1:
+            sq[0] = 1
+    sf[0] = sq[0]
+"""
+
+
+def sync_claim(c: Contraction) -> str:
+    """After the barrier that follows :func:`sync_decide`: where a group is not yet filled,
+    thread 0 claims each of the block's groups (claim count c -> c + 1, atomicCAS); the
+    winner fills the group's rows (all threads, coalesced) and, after a barrier and a fence,
+    sets its fill count to c + 1; the others spin on the fill count (atomic reads: a plain
+    load in a loop may be hoisted) before the block adds anything."""
+    G = c.G
+    return f"""sq[0] = sf[0]
+if sq[0] != 0:
+    if tid == 0:
+        for q in range(3):
+            st[q] = 2
+            if T.call_extern("int32", "atomicCAS", T.address_of({{ws}}[gl[q]]), ck[0], ck[0] + 1) == ck[0]:
+                st[q] = 1
+            sk[q] = st[q]
+            sk[4 + q] = gl[q]
+    T.tvm_storage_sync("shared")
+    for q in range(3):
+        sq[0] = sk[q]
+        gn[0] = sk[4 + q]
+        if sq[0] == 1:
+            for fi in range({G}):
+                fr: T.int32 = gn[0] * {THREADS} + (fi * {THREADS} + tid) // {G}
+                fg: T.int32 = (fi * {THREADS} + tid) % {G}
+                if fr < {{E}}:
+                    {{fill_store}}
+    T.tvm_storage_sync("shared")
+    if tid == 0:
+        T.evaluate(T.call_extern("int32", "__threadfence"))
+        for q in range(3):
+            if st[q] == 1:
+                T.evaluate(T.call_extern("int32", "atomicExch", T.address_of({{ws}}[ng + gl[q]]), ck[0] + 1))
+        for q in range(3):
+            if st[q] == 2:
+                tr[0] = 0
+                while T.call_extern("int32", "atomicOr", T.address_of({{ws}}[ng + gl[q]]), 0) != ck[0] + 1:
+                    tr[0] = tr[0] + 1
+                    if tr[0] > {SPIN_LIMIT}:
+                        T.evaluate(T.call_extern("int32", "__trap"))
+        T.evaluate(T.call_extern("int32", "__threadfence"))
+    T.tvm_storage_sync("shared")
+"""
+
+
+def sync_idle(c: Contraction) -> str:
+    """A block that holds no entries but must take part (split 0 of a group of positions
+    below E: so every group of rows is reached in every call) runs the protocol alone."""
+    return f"""if rv[0] == 0 and {{E}} > 0 and sp == 0 and bx * {THREADS} < {{E}}:
+{indent(sync_decide(), 4)}
+    T.tvm_storage_sync("shared")
+{indent(sync_claim(c), 4)}
+"""
+
+
 def indent(text: str, spaces: int) -> str:
     """``text`` with every non-blank line moved right by ``spaces`` (to nest a piece of kernel text)."""
     return "\n".join((" " * spaces + line) if line.strip() else line for line in text.strip("\n").split("\n"))
@@ -400,8 +556,23 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
                     for g in range({c.G}):
                         if {guard_p0}:
                             {identity}"""
+    fill = nest.prologue
+    head = decide = claim = idle = ""
+    grid = f"(T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}"
+    if fill is not None:  # the output's fill runs here first (lower.fuse_fill)
+        x.update(sync_slots(c, fill, dtype, part))
+        grid = "{grid}"
+        head = "\n" + indent(f"""ng: T.int32 = ({{E}} + {THREADS - 1}) // {THREADS}
+sk = T.alloc_buffer((8,), "int32", scope="shared")
+sf = T.alloc_buffer((1,), "int32", scope="shared")
+""" + "\n".join(f'{n} = T.alloc_buffer(({k},), "int32", scope="local")'
+                 for n, k in (("ck", 1), ("fv", 3), ("gl", 3), ("st", 3), ("sq", 1), ("gn", 1), ("tr", 1)))
+                 + "\n" + sync_head(c), 12)
+        decide = "\n" + sync_decide().rstrip("\n")
+        claim = "\n" + sync_claim(c).rstrip("\n")
+        idle = "\n" + indent(sync_idle(c), 12)
     text = f"""
-for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}, thread="blockIdx.x"):
+for bs in T.thread_binding({grid}, thread="blockIdx.x"):
     for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
         with T.sblock("{{name}}"):
             T.reads({{reads}})
@@ -413,11 +584,11 @@ for bs in T.thread_binding((T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} *
             lp[0] = -1
             cnt[0] = 0
             if p0 < {{n_root}}:
-                cnt[0] = {{count_p0}}{owned}
+                cnt[0] = {{count_p0}}{owned}{head}
             sc[tid] = T.if_then_else({{holds}}, 1, 0)
-            rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0))
+            rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0)){idle}
             if rv[0] != 0:
-{indent(segments_body(c, part), 16)}
+{indent(segments_body(c, part, decide, claim), 16)}
 """
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)

@@ -43,7 +43,17 @@ def test_batched_spmm_one_graph_per_batch_entry():
     assert max_rel_err(k(inst, X, poison=True), ref) < 1e-5
 
 
-def test_segment_contraction_is_one_cuda_kernel_that_compiles():
+@pytest.fixture
+def fused_fill():
+    """Kernels compiled in the test run the output's fill in the contraction's launch."""
+    from sparsec.lower import fuse_fill
+
+    saved, fuse_fill.ENABLED = fuse_fill.ENABLED, True
+    yield
+    fuse_fill.ENABLED = saved
+
+
+def test_segment_contraction_is_one_cuda_kernel_after_the_fill_and_compiles():
     from nvcc_tools import nvcc_compile
 
     adj = _graph()
@@ -52,8 +62,53 @@ def test_segment_contraction_is_one_cuda_kernel_that_compiles():
     src = k.source()
     assert "l__Zs" in src and "atomicAdd" in src  # the segment sums in shared memory, rows shared by relations
     assert src.count("__global__") // 2 == 2  # the output's fill, then one launch for every relation
+    assert "atomicCAS" not in src
     ok, log = nvcc_compile(src, "sm_90a")
     assert ok, log[-2000:]
+
+
+@pytest.mark.parametrize("fout", [16, 64])
+def test_fused_fill_contraction_is_one_kernel_that_compiles(fused_fill, fout):
+    """With lower.fuse_fill on, the fill runs in the contraction's launch: groups of rows
+    claimed (atomicCAS) and marked filled (atomicExch) through the workspace, nvcc-clean."""
+    from nvcc_tools import nvcc_compile
+
+    adj = _graph()
+    inst = convert(stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32), "csr")
+    k = sparsec.compile("rgcn_bias", inst, target="cuda", rel=4, fin=64, fout=fout)
+    src = k.source()
+    assert src.count("__global__") // 2 == 1
+    assert "atomicCAS" in src and "atomicExch" in src and "sparsec_sync_s1" in src
+    ok, log = nvcc_compile(src, "sm_90a")
+    assert ok, log[-2000:]
+
+
+@pytest.mark.parametrize("fmt, launches", [("csr", 1), ("ell", 1), ("hyb", 2)])
+def test_rgcn_with_bias_is_one_launch_where_rows_follow_positions(fused_fill, fmt, launches):
+    """The fill runs in the contraction's launch where output rows are p % rows of the root
+    position (csr, ell); hyb reaches its rows through a row map and keeps the fill's own."""
+    adj = _graph()
+    inst = convert(stack_rows(adj, np.arange(adj.nnz) % 3, 3).astype(np.float32), fmt)
+    k = sparsec.compile("rgcn_bias", inst, target="cuda", rel=3, fin=32, fout=64)
+    src = k.source()
+    assert src.count("__global__") // 2 == launches
+    assert any(p.name.startswith("sparsec_sync_s") for p in k.params) == (launches == 1)
+
+
+def test_fill_workspace_is_zeros_sized_for_the_instance_and_cached():
+    """The workspace: zeros, a claim and a fill count per 256 rows and a call count per
+    block (splits per group, from its name), the same array on every call of the instance."""
+    from sparsec.ir_attrs import sync_words
+    from sparsec.tc_operands import packed_operands
+
+    adj = _graph()
+    inst = convert(stack_rows(adj, np.arange(adj.nnz) % 3, 3).astype(np.float32), "csr")
+    ws = packed_operands(inst, ["sparsec_sync_s8"])["sparsec_sync_s8"]
+    assert ws.dtype == np.int32 and not ws.any()
+    assert ws.size == sync_words(inst.shape[0], 8) == (2 + 8) * -(-inst.shape[0] // 256)
+    assert packed_operands(inst, ["sparsec_sync_s8"])["sparsec_sync_s8"] is ws
+    with pytest.raises(ValueError, match="sparsec_sync_sx"):
+        packed_operands(inst, ["sparsec_sync_sx"])
 
 
 def test_batched_spmm_on_bsr_blocks_within_each_graph():

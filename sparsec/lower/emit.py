@@ -15,7 +15,7 @@ from sparsec.schedules.atomics import ATOMIC_MINMAX_DTYPES
 
 from ..dsl import IDENTITY
 from ..expr import BinOp, Expr, Load, Var, render, walk
-from ..ir_attrs import ATOMIC_ATTR
+from ..ir_attrs import ATOMIC_ATTR, SYNC_PREFIX
 from .flatten import FlatProgram
 from .lookup import hoist_lets, let_vars
 from .positions import LoopNest, iv
@@ -67,9 +67,14 @@ def _emit_contraction(p: _Printer, nest: LoopNest, prog: FlatProgram, shapes, sp
     """A nest whose kernel ``schedules.segment_contract`` writes whole (thread-bound loops)."""
     reads = [nest.value] + list(nest.target.index) + ([nest.write_guard] if nest.write_guard is not None else [])
     reads += [b.extent for blk in nest.blocks for b in blk]
+    writes = [nest.target.buffer]
+    c = segment_contract.match(nest, prog)
+    if nest.prologue is not None:  # the output's fill, in the same launch (lower.fuse_fill)
+        reads += [nest.prologue.value] + [b.extent for blk in nest.prologue.blocks for b in blk]
+        writes.append(SYNC_PREFIX + str(segment_contract.partition(c, splits).splits))
     names = list(dict.fromkeys(l.buffer for e in reads for l in _loads(e)))
-    segment_contract.emit(p, 1, nest, segment_contract.match(nest, prog), prog.dtype.out,
-                          [_full(n, shapes) for n in names], _full(nest.target.buffer, shapes), splits)
+    segment_contract.emit(p, 1, nest, c, prog.dtype.out,
+                          [_full(n, shapes) for n in names], ", ".join(_full(n, shapes) for n in writes), splits)
 
 
 def _full(name: str, shapes) -> str:

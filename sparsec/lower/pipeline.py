@@ -22,6 +22,7 @@ from .bind import BoundOperator, bind, check_params
 from .emit import emit_script
 from .flatten import FlatProgram, flatten
 from .fold_epilogue import fold_epilogues
+from . import fuse_fill
 from .positions import PositionProgram, lower_positions
 
 TVM_ERROR_LINES = 12  # lines of a TVM parse error kept in the message (it quotes the offending line)
@@ -80,11 +81,14 @@ def positions_stage(bound: BoundOperator, ctx: LowerContext) -> PositionProgram:
 def flat_stage(prog: PositionProgram, ctx: LowerContext) -> FlatProgram:
     """Stage III: flat buffers, offsets and value layouts. For CUDA (``ctx.atomics``), nests a
     schedule emits whole are marked (``schedules.segment_contract``: a sum whose far factor
-    does not depend on the entry)."""
+    does not depend on the entry), and, where ``fuse_fill.ENABLED``, the fill of the output
+    such a sum adds into runs in its launch."""
     flat = flatten(prog, dtype_spec(ctx.dtype))
     if ctx.atomics:
         flat.nests = [replace(n, template="segment_contract") if segment_contract.match(n, flat) else n
                       for n in flat.nests]
+        if fuse_fill.ENABLED and any(n.template == "segment_contract" for n in flat.nests):
+            flat = fuse_fill.fuse_fills(flat, ctx.segment_splits() if ctx.segment_splits else None)
     return flat
 
 

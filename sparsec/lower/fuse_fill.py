@@ -1,0 +1,63 @@
+"""A segment contraction's output fill runs in the contraction's own launch (CUDA).
+
+A sum whose output rows several root positions share (RGCN's stacked relations adding into
+one node's row) is lowered as a fill nest, which sets the output to its start value (0, or
+the bias ``fold_epilogue`` moved there), and a contraction that adds into it atomically: two
+launches. Here the fill becomes the contraction's *prologue*, and the kernel's thread blocks
+order themselves through a small workspace parameter (``ir_attrs.SYNC_PREFIX``): the first
+block to reach a group of output rows in a call fills it, and a block adds into rows only
+once their group is filled (``schedules.segment_contract``). Where the rows are not a plain
+function of the root position (hyb's buckets reach theirs through a row map) or several
+parts add into the output, the fill keeps its own launch.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from sparsec.expr import Var
+from sparsec.ir_attrs import SYNC_PREFIX
+from sparsec.schedules import segment_contract
+
+from .flatten import BufferDecl, FlatProgram
+
+SYNC_LEN = "n_sync"  # the workspace's length, bound from the array
+
+# Off by default, for now. Measured on an H200 (benchmarks/results/rgcn_fill_H200.json,
+# rgcn_bias R = 16 + root), the fused kernel is as correct as the two launches but up to 14 %
+# slower per layer (mdual 64x64 1.06x, 64x16 1.01x; R-MAT s18 64x64 1.00x, 64x16 1.14x the
+# two launches); RGCN's forward pass with a close variant of it ran at 3.00x / 2.84x the
+# fastest peer, against 3.16x / 3.17x with two launches. This tree, whose split blocks load
+# the counters only once they know they take part, is not measured yet.
+# ``benchmarks/time_rgcn_fill.py`` compares both builds; set this True before compiling to
+# make every contraction that fits one launch.
+ENABLED = False
+
+
+def fuse_fills(flat: FlatProgram, splits: Optional[int] = None) -> FlatProgram:
+    """``flat`` with every fill nest that exactly one segment contraction adds into (the nest
+    right after it, from the same DSL iteration) made that contraction's prologue, and the
+    workspace parameter added. ``splits``: the matrix's split count (``segment_splits``)."""
+    nests = list(flat.nests)
+    names = []
+    i = 0
+    while i + 1 < len(nests):
+        fill, nest = nests[i], nests[i + 1]
+        later = nests[i + 2] if i + 2 < len(nests) else None
+        shared = later is not None and later.origin == fill.origin and later.target.buffer == fill.target.buffer
+        c = segment_contract.match(nest, flat) if nest.template == "segment_contract" else None
+        if (fill.fill and not shared and c is not None and nest.origin == fill.origin
+                and nest.target.buffer == fill.target.buffer and segment_contract.fuses_fill(c, fill)):
+            nests[i:i + 2] = [replace(nest, prologue=fill)]
+            names.append(SYNC_PREFIX + str(segment_contract.partition(c, splits).splits))
+        i += 1
+    flat.nests = nests
+    have = {b.name for b in flat.buffers}
+    for name in dict.fromkeys(names):
+        if name not in have:
+            flat.buffers = list(flat.buffers) + [BufferDecl(name, (Var(SYNC_LEN),), "int32", "index")]
+    if names and SYNC_LEN not in flat.size_vars:
+        flat.size_vars = list(flat.size_vars) + [SYNC_LEN]
+    rank = {"index": 0, "input": 1, "output": 2, "temp": 3}
+    flat.buffers = sorted(flat.buffers, key=lambda b: rank[b.role])  # index arrays first, as flatten orders them
+    return flat
