@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""RGCN's layer kernel with its output's fill in the same launch against the fill as a
+launch of its own (GPU host): correctness of both on real relational graphs, then their
+times side by side.
+
+    python3 benchmarks/time_rgcn_fill.py --graph mdual rmat-s18 --relations 16
+
+Per graph and layer shape (64x64, 64x16): ``rgcn_bias`` (R relations + the root term, the
+bias folded into the fill) compiled with the fill claimed per group of rows inside the
+contraction's launch (``lower.fuse_fill``) and with the fill as a kernel of its own first
+(sparsec's default). Each is called 4 times on a NaN-poisoned
+output (the call counts in the workspace advance) and checked against float64 scipy; then
+timed with CUDA events, median of 50 launches, in 3 alternated rounds (the minimum round is
+reported). Writes $OUT/time_rgcn_fill.json and prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+import _preamble  # noqa: F401,E402
+sys.path.insert(0, str(_preamble.ROOT / "examples"))
+
+import numpy as np  # noqa: E402
+
+import gnn_peers as gp  # noqa: E402
+from check_axis_trees import rgcn_reference  # noqa: E402
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    """Kernels compiled inside: "separate" keeps the output's fill as a launch of its own;
+    "fused" runs it in the contraction's launch (``sparsec.lower.fuse_fill.ENABLED``)."""
+    from sparsec.lower import fuse_fill
+
+    if name not in ("separate", "fused"):
+        raise ValueError(f"variant should be separate or fused, got {name!r}")
+    saved = fuse_fill.ENABLED
+    fuse_fill.ENABLED = name == "fused"
+    try:
+        yield
+    finally:
+        fuse_fill.ENABLED = saved
+
+
+def timed(k, args, reps=50) -> float:
+    import torch
+
+    from sparsec.kernel import on_torch_stream
+
+    fn = k.executable[k.op_name]
+    with on_torch_stream(True):
+        for _ in range(5):
+            fn(*args)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            start.record()
+            fn(*args)
+            end.record()
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) for s, e in events]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--graph", nargs="*", default=["mdual", "rmat-s18"])
+    ap.add_argument("--relations", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", nargs="*", default=["separate", "fused"],
+                    help="separate (the fill as a launch of its own, the default build), fused (one launch)")
+    args = ap.parse_args(argv)
+    args.variants = ["separate"] + [v for v in args.variants if v != "separate"]  # the ratios' base
+    import torch
+
+    import sparsec
+    from sparsec.formats import convert
+    from sparsec.reference import max_rel_err
+    from sparsec.torch_rgcn import _mean_stacked
+
+    rng = np.random.default_rng(0)
+    out = []
+    for gname in args.graph:
+        adj = gp.load_graph(gname)
+        rel = args.relations + 1
+        stacked = _mean_stacked(adj, gp.draw_relations(adj, args.relations), args.relations, True)
+        inst = convert(stacked, "csr")
+        for fin, fout in ((64, 64), (64, 16)):
+            X = rng.standard_normal((adj.shape[1], fin)).astype(np.float32)
+            W = rng.standard_normal((rel, fin, fout)).astype(np.float32)
+            b = rng.standard_normal(fout).astype(np.float32)
+            ref = rgcn_reference(stacked, rel, X, W) + b
+            kernels = {}
+            for name in args.variants:
+                with variant(name):
+                    kernels[name] = sparsec.compile("rgcn_bias", inst, target="cuda", rel=rel, fin=fin, fout=fout)
+            row = {"graph": gname, "rel": rel, "fin": fin, "fout": fout, "n": int(adj.shape[0]),
+                   "entries": int(stacked.nnz)}
+            prepared = {}
+            for name, k in kernels.items():
+                row[f"{name}_launches"] = k.source().count("__global__") // 2
+                errs = [max_rel_err(k(inst, X, W, b, poison=True), ref) for _ in range(4)]
+                row[f"{name}_max_rel_err"] = float(max(errs))
+                Xt, Wt, bt = (torch.from_numpy(a).cuda() for a in (X, W, b))
+                prepared[name] = k.prepare(inst, Xt, Wt, bt)[0]
+            rounds = {name: [] for name in kernels}
+            for _ in range(args.rounds):
+                for name, k in kernels.items():
+                    rounds[name].append(timed(k, prepared[name]))
+            for name in kernels:
+                row[f"{name}_ms"] = min(rounds[name])
+                row[f"{name}_rounds_ms"] = rounds[name]
+            for name in kernels:
+                row[f"{name}_over_separate"] = row[f"{name}_ms"] / row["separate_ms"]
+            out.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(os.environ.get("OUT", "."), "time_rgcn_fill.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": out}, f, indent=1)
+    names = args.variants
+    print(f"\n{'graph':9} {'shape':6} " + " ".join(f"{n + ' ms':>14}" for n in names) + f" {'launches':>9} {'max err':>8}")
+    for r in out:
+        err = max(r[f"{n}_max_rel_err"] for n in names)
+        launches = "/".join(str(r[f"{n}_launches"]) for n in names)
+        print(f"{r['graph']:9} {r['fin']}x{r['fout']:<3} " + " ".join(
+            f"{r[n + '_ms']:7.3f} ({r[n + '_over_separate']:4.2f})" for n in names) + f" {launches:>9} {err:8.1e}")
+    ok = all(max(r[f"{n}_max_rel_err"] for n in names) < 1e-4 for r in out)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
