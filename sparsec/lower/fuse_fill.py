@@ -12,6 +12,7 @@ parts add into the output, the fill keeps its own launch.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Optional
 
@@ -29,9 +30,10 @@ SYNC_LEN = "n_sync"  # the workspace's length, bound from the array
 # two launches); RGCN's forward pass with a close variant of it ran at 3.00x / 2.84x the
 # fastest peer, against 3.16x / 3.17x with two launches. This tree, whose split blocks load
 # the counters only once they know they take part, is not measured yet.
-# ``benchmarks/time_rgcn_fill.py`` compares both builds; set this True before compiling to
-# make every contraction that fits one launch.
-ENABLED = False
+# ``benchmarks/time_rgcn_fill.py`` compares both builds; set this True before compiling (or
+# SPARSEC_FUSE_FILL=1 in the environment, for whole scripts such as examples/rgcn.py) to make
+# every contraction that fits one launch.
+ENABLED = os.environ.get("SPARSEC_FUSE_FILL", "0") == "1"
 
 
 def fuse_fills(flat: FlatProgram, splits: Optional[int] = None) -> FlatProgram:
