@@ -98,11 +98,12 @@ def segment_stats(stacked) -> dict:
             "mean_block": float(groups.mean())}
 
 
-def time_ms(k, inst, X, W, reps=50) -> float:
+def time_ms(k, inst, *dense, reps=50) -> float:
+    """Median of ``reps`` launches of ``k`` (CUDA events) on ``inst`` and the numpy ``dense``
+    inputs, after 5 warm-up launches."""
     import torch
 
-    Xt, Wt = torch.from_numpy(X).cuda(), torch.from_numpy(W).cuda()
-    args, _, _ = k.prepare(inst, Xt, Wt)
+    args, _, _ = k.prepare(inst, *(torch.from_numpy(a).cuda() for a in dense))
     fn = k.executable[k.op_name]
     with on_torch_stream(True):
         for _ in range(5):

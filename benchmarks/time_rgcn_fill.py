@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 import gnn_peers as gp  # noqa: E402
 from check_axis_trees import rgcn_reference  # noqa: E402
+from check_segment_split import time_ms  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -44,24 +45,6 @@ def variant(name: str):
         yield
     finally:
         fuse_fill.ENABLED = saved
-
-
-def timed(k, args, reps=50) -> float:
-    import torch
-
-    from sparsec.kernel import on_torch_stream
-
-    fn = k.executable[k.op_name]
-    with on_torch_stream(True):
-        for _ in range(5):
-            fn(*args)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for start, end in events:
-            start.record()
-            fn(*args)
-            end.record()
-    torch.cuda.synchronize()
-    return float(np.median([s.elapsed_time(e) for s, e in events]))
 
 
 def main(argv=None) -> int:
@@ -98,17 +81,14 @@ def main(argv=None) -> int:
                     kernels[name] = sparsec.compile("rgcn_bias", inst, target="cuda", rel=rel, fin=fin, fout=fout)
             row = {"graph": gname, "rel": rel, "fin": fin, "fout": fout, "n": int(adj.shape[0]),
                    "entries": int(stacked.nnz)}
-            prepared = {}
             for name, k in kernels.items():
                 row[f"{name}_launches"] = k.source().count("__global__") // 2
                 errs = [max_rel_err(k(inst, X, W, b, poison=True), ref) for _ in range(4)]
                 row[f"{name}_max_rel_err"] = float(max(errs))
-                Xt, Wt, bt = (torch.from_numpy(a).cuda() for a in (X, W, b))
-                prepared[name] = k.prepare(inst, Xt, Wt, bt)[0]
             rounds = {name: [] for name in kernels}
             for _ in range(args.rounds):
                 for name, k in kernels.items():
-                    rounds[name].append(timed(k, prepared[name]))
+                    rounds[name].append(time_ms(k, inst, X, W, b))
             for name in kernels:
                 row[f"{name}_ms"] = min(rounds[name])
                 row[f"{name}_rounds_ms"] = rounds[name]
