@@ -184,16 +184,27 @@ def lower_positions(bound: BoundOperator) -> PositionProgram:
         # add into row i, like a row that repeats
         over_outer = dense_reduce and "R" in it.outer_kinds
         unique = unique and not over_outer
+        # a column axis above a row axis in a block outside the entries' block (tiled: tile
+        # columns above a tile's rows): T.init in the inner block would run once per outer
+        # column, so the output is set to the identity first and only added into
+        outer_sum = dense_reduce and _outer_reduction(it)
         # rows that no part covers (and repeated rows) need the output set to the identity first
-        if dense_reduce and (composite or not unique or over_rows) and (it.origin, st.target.buffer.name) not in filled:
+        if dense_reduce and (composite or not unique or over_rows or outer_sum) \
+                and (it.origin, st.target.buffer.name) not in filled:
             filled.add((it.origin, st.target.buffer.name))
             nests.append(_fill(bound, it))
         # a part owns its rows' results (T.init, register accumulators) unless rows are shared
-        shared = dense_reduce and ((composite and not disjoint) or not unique or over_rows)
+        shared = dense_reduce and ((composite and not disjoint) or not unique or over_rows or outer_sum)
         mask = bound.parts[it.part].slot_mask if it.origin not in neutral else ""
         nests.append(_lower(bound, it, init=not shared, slot_mask=mask, over_rows=over_rows, repeats=not unique))
     extents = [a.name for p in bound.parts for a in p.axes if a.name in p.runtime_extent_axes()]
     return PositionProgram(bound, nests, extents)
+
+
+def _outer_reduction(it: BoundIteration) -> bool:
+    """A reduction loop in a block that is neither the row loop's nor the innermost one."""
+    blocks = _blocks(it.loops, it.chain)
+    return any(b.loop.kind == "R" for blk in blocks[1:-1] for b in blk)
 
 
 def _extent(loop: Loop, chain) -> Expr:
