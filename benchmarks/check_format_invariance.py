@@ -36,7 +36,7 @@ from sparsec.formats import nm  # noqa: E402
 from tests.dsl_ops import NONLINEAR_OPS, on_coordinates, rel_err  # noqa: E402
 
 FAMILIES = ("csr", "bsr:4x4", "bsr:2x8", "bsr:16x16", "ell", "rell", "hyb:1:1/2/4", "hyb:2:1/2/4/8/16/32",
-            "bsr+csr:4x4,0.3", "nm:2:4", "nm:2:4:v4", "srbcrs:v4,float16")
+            "bsr+csr:4x4,0.3", "nm:2:4", "nm:2:4:v4", "srbcrs:v4,float16", "tiled", "tiled:16x32")
 OPS = ("spmm", "sddmm", "attention") + tuple(NONLINEAR_OPS)
 MAX_PADDING = 40.0  # stored / nnz above this: the family is skipped for the matrix (ell on a hub graph)
 MAX_REF_NNZ = 3_000_000  # the generic float64 reference holds nnz x feat values per statement

@@ -58,6 +58,8 @@ FORMATS = {
     "nm 2:4": lambda m: convert(nm.prune_stored(m, n=2, m=4), "nm", n=2, m=4),
     "nm 1:8": lambda m: convert(nm.prune_stored(m, n=1, m=8), "nm", n=1, m=8),
     "nm 2:4 v4": lambda m: convert(nm.prune_stored(m, n=2, m=4, vec=4), "nm", n=2, m=4, vec=4),
+    "tiled:64x64": lambda m: convert(m, "tiled"),
+    "tiled:16x32": lambda m: convert(m, "tiled:16x32"),
     **{f"srbcrs v{v} {dt}": (lambda m, v=v, dt=dt: convert(
         _int_matrix(m, 8 if dt == "int8" else 4) if dt.startswith("int") else _fp16_values(m),
         "srbcrs", vec=v, dtype=dt)) for v in (2, 4, 8) for dt in ("int8", "int4", "float16")},

@@ -9,7 +9,7 @@ Note: the name ``convert`` here is the function; the module is ``formats.convert
 """
 from __future__ import annotations
 
-from . import bsr, bsr_csr, csr, ell, hyb, nm, rell, srbcrs, validate
+from . import bsr, bsr_csr, csr, ell, hyb, nm, rell, srbcrs, tiled, validate
 from .axes import AXIS_KINDS, Axis, DenseFixed, DenseVariable, SparseFixed, SparseVariable
 from .base import SUPPORTED_VALUE_DTYPES, Format, FormatInstance
 from .composite import CompositeFormat, CompositeInstance
@@ -43,5 +43,5 @@ __all__ = [
     "Axis", "DenseFixed", "DenseVariable", "SparseFixed", "SparseVariable", "AXIS_KINDS",
     "Format", "FormatInstance", "CompositeFormat", "CompositeInstance", "EdgeValues", "SUPPORTED_VALUE_DTYPES",
     "make_format", "families", "module_for", "parse_spec", "convert", "as_csr",
-    "csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr", "validate",
+    "csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr", "tiled", "validate",
 ]

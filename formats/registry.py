@@ -17,7 +17,8 @@ from .composite import CompositeFormat, reuse_problem, takes_part
 from .composite import matrix_requirements as _requirements
 
 # one module per family, in the order `sparsec formats` lists them
-FAMILY_MODULES = ("csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr", "mma_sp_format", "nm_tc_format")
+FAMILY_MODULES = ("csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr_csr", "mma_sp_format", "nm_tc_format",
+                  "tiled")
 
 
 _FAMILIES = {m.NAME: m for m in (importlib.import_module(f".{n}", __package__) for n in FAMILY_MODULES)}

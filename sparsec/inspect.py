@@ -39,6 +39,7 @@ KNOB_HELP: Dict[str, Dict[str, tuple]] = {
             "buckets": ("--buckets 1,2,4,...", "power-of-two ELL bucket widths (default: automatic)")},
     "bsr+csr": {"block": ("--block RxC", "block shape of the BSR part (default 8x8)"),
                 "block_fill": ("--block-fill F", "a block at least this full goes to BSR (default 0.5)")},
+    "tiled": {"tile": ("--tile RxC", "tile shape, multiples of 8 up to 256 (default 64x64)")},
 }
 
 # parameters that make a declarable format of each family, for describing a family
@@ -148,7 +149,9 @@ def describe(inst) -> Dict[str, Any]:
     ratio (stored / nnz; 1.0 without entries), bytes (index arrays + values, all parts;
     also split as ``index_bytes``/``value_bytes``), value dtype, conversion time, and
     ``parts``: per part its spec, stored, nnz, padding ratio and bytes (a simple format
-    has one part, itself)."""
+    has one part, itself). A family whose Tensor Core kernel streams less than its arrays
+    (``tiled``: values, a bitmap bit per element, an int32 per tile) adds ``stream_bytes``:
+    those bytes, per element, and as a fraction of the dense float16 weight."""
     if isinstance(inst, CompositeInstance):
         parts = list(inst.parts)
     elif isinstance(inst, FormatInstance):
@@ -162,7 +165,9 @@ def describe(inst) -> Dict[str, Any]:
                     "padding_ratio": _ratio(int(p.stored), int(p.nnz)), **b})
     stored, nnz = int(inst.stored), int(inst.nnz)
     rows, cols = (int(s) for s in inst.shape)
-    return {
+    streamed = getattr(formats.module_for(inst.format.name), "stream_bytes", None)
+    extra = {} if streamed is None or isinstance(inst, CompositeInstance) else {"stream_bytes": streamed(inst)}
+    return {**extra,
         "format": inst.format.spec, "family": inst.format.name, "composite": isinstance(inst, CompositeInstance),
         "shape": [rows, cols], "nnz": nnz, "density": float(nnz / (rows * cols)) if rows * cols else 0.0,
         "stored": stored, "padding_ratio": _ratio(stored, nnz),
@@ -224,6 +229,10 @@ def instance_text(d: Dict[str, Any]) -> str:
              f"{'stored':<9} {d['stored']} slots, padding {d['padding_ratio']:.3f}x",
              f"{'bytes':<9} {d['bytes']} ({d['index_bytes']} index + {d['value_bytes']} values)",
              f"{'converted':<9} {d['conversion_s'] * 1e3:.1f} ms"]
+    if "stream_bytes" in d:
+        b = d["stream_bytes"]
+        lines.append(f"{'streamed':<9} {b['total']} bytes by a Tensor Core kernel at float16 ({b['bytes_per_element']:.3f} "
+                     f"per element, {100 * b['of_dense']:.1f} % of the dense weight)")
     for k, p in enumerate(d["parts"]):
         lines.append(f"{'parts' if k == 0 else '':<9} {k}: {p['format']:<14} stored {p['stored']}, nnz {p['nnz']}, "
                      f"padding {p['padding_ratio']:.3f}x, {p['bytes']} bytes")

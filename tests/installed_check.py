@@ -47,6 +47,7 @@ instances = {
     "hyb": formats.convert(m, "hyb"),
     "bsr+csr": formats.convert(m, "bsr+csr:4x4"),
     "srbcrs": formats.convert(sp.csr_matrix(np.round(dense * 10).astype(np.float32)), "srbcrs:v4,int8"),
+    "tiled": formats.convert(m, "tiled:16x8"),
 }
 pruned, keep = nm.prune(m, n=2, m=4)
 instances["nm"] = pruned

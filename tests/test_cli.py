@@ -349,7 +349,7 @@ def test_formats_describe_matrix(capsys, family):
 def test_formats_list_json(capsys):
     assert cli.main(["formats", "--json"]) == 0
     names = [f["name"] for f in json.loads(capsys.readouterr().out)]
-    assert names == ["csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr+csr", "mma_sp", "nm_tc"]
+    assert names == ["csr", "bsr", "ell", "nm", "srbcrs", "rell", "hyb", "bsr+csr", "mma_sp", "nm_tc", "tiled"]
 
 
 @pytest.mark.parametrize("op", ["spmm", "sddmm"])

@@ -40,6 +40,7 @@ FAMILIES = {
     "nm:2:4": "nm:2:4",
     "nm:2:4:v2": "nm:2:4:v2",
     "srbcrs:v4,float16": "srbcrs:v4,float16",
+    "tiled:8x16": "tiled:8x16",  # tile columns above a tile's rows: the output filled first
 }
 MATRICES = ("edge_cases_37x53", "blocky_21x19")
 

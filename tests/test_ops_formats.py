@@ -56,6 +56,7 @@ FORMATS = {
     "nm-1:8": ("float32", _pruned(1, 8)),
     "nm-2:4-v4": ("float32", _pruned(2, 4, 4)),
     "nm-4:16-v2": ("float32", _pruned(4, 16, 2)),
+    "tiled:16x8": ("float32", _plain("tiled:16x8")),
 }
 for _v in (2, 4, 8):
     for _d in ("int8", "int4", "float16"):

@@ -12,7 +12,7 @@ import math
 # exit codes (documented in the package docstring, --help and the README)
 OK, CHECK_FAILED, BAD_INPUT, CHECK_NOT_RUN = 0, 1, 2, 3
 
-# CLI option (attribute) -> (format knob, families that take it); --block and --dtype are special
+# CLI option (attribute) -> (format knob, families that take it); --block, --tile and --dtype are special
 KNOB_OPTIONS = {
     "width": ("width", ("ell",)),
     "col_parts": ("col_parts", ("hyb",)),
@@ -88,6 +88,7 @@ def add_format_options(p):
     g.add_argument("--vec", type=positive_int, metavar="V",
                    help="nm (1..128) / nm_tc (16, 32, 64, 128) / srbcrs (2, 4, 8) row vector size")
     g.add_argument("--block-fill", type=fraction, metavar="F", help="bsr+csr: fill at which a block goes to BSR")
+    g.add_argument("--tile", metavar="RxC", help="tiled: tile shape, multiples of 8 up to 256 (default 64x64)")
     g.add_argument("--dtype", default=None, help="value dtype: float32 (default), float64, float16; "
                                                  "srbcrs also int8, int4")
     add_matrix_source(p)
@@ -96,7 +97,7 @@ def add_format_options(p):
 def add_kernel_options(p):
     p.add_argument("op", help="library operator (see 'sparsec ops')")
     p.add_argument("--format", required=True, metavar="FMT",
-                   help="family or spec: csr, bsr:4x4, ell, ell:8, hyb, nm, srbcrs, bsr+csr, mma_sp, nm_tc "
+                   help="family or spec: csr, bsr:4x4, ell, ell:8, hyb, nm, srbcrs, bsr+csr, mma_sp, nm_tc, tiled "
                         "(see 'sparsec formats')")
     add_format_options(p)
     p.add_argument("--feat", type=positive_int, default=64, metavar="N", help="dense feature width (default 64)")
@@ -118,6 +119,10 @@ def format_spec(args, declare_only=False):
         if name not in ("bsr", "bsr+csr"):
             raise ValueError(f"--block does not apply to format {name} (it is for bsr and bsr+csr)")
         extra["block"] = formats.bsr.parse_spec(args.block.lower().replace("/", "x"))["block"]
+    if getattr(args, "tile", None) is not None:
+        if name != "tiled":
+            raise ValueError(f"--tile does not apply to format {name} (it is for tiled)")
+        extra["tile"] = formats.tiled.parse_spec(args.tile)["tile"]
     for opt, (knob, families) in KNOB_OPTIONS.items():
         v = getattr(args, opt, None)
         if v is None:

@@ -52,7 +52,7 @@ def cmd_formats(args):
     from .. import inspect as sinspect
 
     if args.describe is None:
-        given = [o for o in ("matrix", "random", "block", "dtype", *KNOB_OPTIONS) if getattr(args, o) is not None]
+        given = [o for o in ("matrix", "random", "block", "tile", "dtype", *KNOB_OPTIONS) if getattr(args, o) is not None]
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} needs --describe FMT")
         if args.json:
