@@ -172,3 +172,21 @@ def test_cli_tile_option(capsys):
     assert '"tiled:32x128"' in out
     assert cli.main(["formats", "--describe", "csr", "--tile", "32x128"]) != 0
     assert "--tile does not apply to format csr" in capsys.readouterr().err
+
+
+def test_sparse_linear_takes_a_tiled_weight():
+    """``SparseLinear.from_dense(w, fmt="tiled:...")``: inference on the pruned weight (the
+    values are not trained: no transpose is converted for a tiled weight)."""
+    torch = pytest.importorskip("torch")
+    from sparsec.torch import SparseLinear
+
+    w = np.random.default_rng(6).standard_normal((48, 40)).astype(np.float32)
+    _, keep = tiled.prune(w, sparsity=0.7, tile=(16, 16))
+    pruned = torch.from_numpy(np.where(keep, w, 0).astype(np.float32))
+    bias = torch.randn(48)
+    lin = SparseLinear.from_dense(pruned, bias=bias, fmt="tiled:16x16")
+    x = torch.randn(3, 5, 40)
+    y = lin(x)
+    ref = x.double() @ pruned.double().T + bias.double()
+    assert lin.weight.format == "tiled:16x16" and y.shape == (3, 5, 48)
+    assert max_rel_err(y.detach().numpy(), ref.numpy()) < 1e-5
