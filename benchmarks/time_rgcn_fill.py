@@ -34,17 +34,22 @@ from check_segment_split import time_ms  # noqa: E402
 @contextlib.contextmanager
 def variant(name: str):
     """Kernels compiled inside: "separate" keeps the output's fill as a launch of its own;
-    "fused" runs it in the contraction's launch (``sparsec.lower.fuse_fill.ENABLED``)."""
+    "fused" runs it in the contraction's launch (``sparsec.lower.fuse_fill.ENABLED``);
+    "fused_bN" also bounds it to N resident blocks per SM (``FUSED_MIN_BLOCKS``)."""
     from sparsec.lower import fuse_fill
+    from sparsec.schedules import segment_contract
 
-    if name not in ("separate", "fused"):
-        raise ValueError(f"variant should be separate or fused, got {name!r}")
-    saved = fuse_fill.ENABLED
-    fuse_fill.ENABLED = name == "fused"
+    bound = name[len("fused_b"):] if name.startswith("fused_b") else None
+    if name not in ("separate", "fused") and not (bound or "").isdigit():
+        raise ValueError(f"variant should be separate, fused or fused_bN (N blocks per SM), got {name!r}")
+    saved = fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS
+    fuse_fill.ENABLED = name != "separate"
+    if bound:
+        segment_contract.FUSED_MIN_BLOCKS = int(bound)
     try:
         yield
     finally:
-        fuse_fill.ENABLED = saved
+        fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS = saved
 
 
 def main(argv=None) -> int:
@@ -52,8 +57,9 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", nargs="*", default=["mdual", "rmat-s18"])
     ap.add_argument("--relations", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="*", default=["separate", "fused"],
-                    help="separate (the fill as a launch of its own, the default build), fused (one launch)")
+    ap.add_argument("--variants", nargs="*", default=["separate", "fused", "fused_b8"],
+                    help="separate (the fill as a launch of its own, the default build), fused (one launch), "
+                         "fused_bN (one launch, N resident blocks per SM)")
     args = ap.parse_args(argv)
     args.variants = ["separate"] + [v for v in args.variants if v != "separate"]  # the ratios' base
     import torch

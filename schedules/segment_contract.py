@@ -418,6 +418,12 @@ for ch in range({THREADS // TS}):
 """
 
 
+# Thread blocks per SM a kernel with a fused fill is compiled to keep resident
+# (``__launch_bounds__(256, N)``: registers capped at 65536 / (256 N)); 0: no bound. H200
+# (benchmarks/results/rgcn_fill_H200.json), an earlier protocol capped at 8 for G <= 32:
+# mdual 64x16 0.767 -> 0.777 ms, R-MAT s18 64x16 1.726 -> 1.908 ms, so no bound by default;
+# ``benchmarks/time_rgcn_fill.py --variants fused_b8`` measures it again
+FUSED_MIN_BLOCKS = 0
 # Spins of a block waiting for another block's fill before it stops the kernel (__trap: a
 # workspace that no longer matches the matrix, never a hang); a fill takes microseconds
 SPIN_LIMIT = 1 << 24
@@ -590,5 +596,17 @@ for bs in T.thread_binding({grid}, thread="blockIdx.x"):
             if rv[0] != 0:
 {indent(segments_body(c, part, decide, claim), 16)}
 """
+    if fill is not None and FUSED_MIN_BLOCKS:
+        text = _min_blocks(text, FUSED_MIN_BLOCKS)
     for line in _fill(text, x).strip("\n").split("\n"):
         printer(depth, line)
+
+
+def _min_blocks(text: str, blocks: int) -> str:
+    """``text`` with the block's body under a launch bound of ``blocks`` resident blocks per
+    SM (TVM's ``tirx.launch_bounds_min_blocks_per_sm``, read inside the thread binding)."""
+    lines = text.split("\n")
+    at = next(i for i, line in enumerate(lines) if 'thread="threadIdx.x"' in line) + 1
+    pad = " " * (len(lines[at]) - len(lines[at].lstrip()))
+    bound = f'{pad}with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", {blocks}):'
+    return "\n".join(lines[:at] + [bound] + [("    " + line) if line.strip() else line for line in lines[at:]])

@@ -263,3 +263,18 @@ def test_owning_buckets_start_from_the_added_term(op_name):
     k = sparsec.compile(op_name, inst, target="llvm", feat=5)
     y = k(inst, B.astype(np.float32), term.astype(np.float32), poison=True)
     np.testing.assert_allclose(y, m.toarray().astype(np.float64) @ B + term, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_fill_kernel_takes_a_launch_bound(fused_fill, monkeypatch):
+    """segment_contract.FUSED_MIN_BLOCKS bounds the fused kernel to that many resident blocks
+    per SM (registers capped to fit), what time_rgcn_fill.py's fused_bN variants measure."""
+    from nvcc_tools import nvcc_compile
+    from sparsec.schedules import segment_contract
+
+    monkeypatch.setattr(segment_contract, "FUSED_MIN_BLOCKS", 8)
+    adj = _graph()
+    inst = convert(stack_rows(adj, np.arange(adj.nnz) % 4, 4).astype(np.float32), "csr")
+    src = sparsec.compile("rgcn_bias", inst, target="cuda", rel=4, fin=64, fout=64).source()
+    assert "__launch_bounds__(256, 8)" in src and src.count("__global__") // 2 == 1
+    ok, log = nvcc_compile(src, "sm_90a")
+    assert ok, log[-2000:]
