@@ -1,0 +1,163 @@
+"""Tensor Core SpMM for the ``tiled`` format (``formats.tiled``): load the weight as sparse,
+compute it as dense (Flash-LLM's and SpInfer's idea) -- ``C = W @ B`` with W the bitmap
+tiles, B (K, N) float16, C (M, N) float32.
+
+A thread block owns one tile row of W (TR rows, one warp per 16 of them) and N columns
+``NB`` at a time, and walks the tile columns of its split of K (``splits`` blocks per tile
+row share K; their partial sums are added atomically, into a C the caller zeroed). Per tile:
+
+1. the tile's bitmap words into shared memory;
+2. where each 8 x 8 subtile's values start: the tile's offset plus the popcounts of the
+   subtiles before it (one thread per subtile);
+3. the tile expanded into a dense TR x TC float16 tile in shared memory: thread t takes
+   element bits in order, so a warp reads consecutive values of one subtile (coalesced), a
+   set bit's value at ``start + popcount(word & ((1 << bit) - 1))``, a clear bit 0;
+4. B's TC x NB slice into shared memory (zero past K and N);
+5. per 16-deep k-step, ``ldmatrix`` A (x4) and B (x4.trans, two 8-column tiles) and
+   ``mma.m16n8k16`` into fp32 accumulators.
+
+Shared rows are padded by 8 halves (16 bytes), so the eight row addresses of an
+``ldmatrix`` fall in eight different 16-byte bank groups. This is the first, unpipelined
+version: a tile's expansion and its MMAs alternate, separated by barriers. It is not yet
+reached from ``sparsec.compile``; ``benchmarks/check_tiled_tc.py`` checks it on the GPU host.
+"""
+from __future__ import annotations
+
+from .warp_mma import check_sizes, compile_for
+
+SUB = 8  # a subtile is 8 x 8 elements: one 64-bit bitmap word
+PAD = 8  # halves added to every shared row (16 bytes)
+
+
+def check(tile, nb: int, splits: int) -> None:
+    """ValueError naming the first argument the kernel cannot take."""
+    r, c = tile
+    check_sizes(tile_rows=r, tile_cols=c, nb=nb, splits=splits)
+    if r % 16 or r > 128:
+        raise ValueError(f"tile rows should be a multiple of 16 up to 128 (one warp per 16 rows), got {r}")
+    if c % 16 or c > 256:
+        raise ValueError(f"tile columns should be a multiple of 16 up to 256 (the MMA's k-step), got {c}")
+    if nb % 16 or nb > 64:
+        raise ValueError(f"nb should be 16, 32, 48 or 64 (two 8-column MMA tiles per ldmatrix.x4.trans), got {nb}")
+
+
+def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm"):
+    """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
+    subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
+    ``formats.tiled`` stores them; B (K, N) float16; C (M, N) float32. M, K and N are read
+    from the operands. With ``splits`` > 1, C must be zeros when it is called."""
+    from tvm.script import tirx as T
+
+    TR, TC = (int(t) for t in tile)
+    check((TR, TC), nb, splits)
+    warps = TR // 16
+    threads = warps * 32
+    subs = (TR // SUB) * (TC // SUB)
+    pa, pb = TC + PAD, nb + PAD
+    nt = nb // 8
+    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
+    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
+    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+
+    @T.prim_func(s_tir=True)
+    def tiled_spmm(w_h: T.handle, o_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        n_words = T.int32()
+        n_offsets = T.int32()
+        nnz = T.int32()
+        M = T.int32()
+        K = T.int32()
+        N = T.int32()
+        words = T.match_buffer(w_h, (n_words,), "uint64")
+        offsets = T.match_buffer(o_h, (n_offsets,), "int32")
+        values = T.match_buffer(v_h, (nnz,), "float16")
+        B = T.match_buffer(b_h, (K, N), "float16")
+        C = T.match_buffer(c_h, (M, N), "float32")
+        ngo = T.meta_var((M + TR - 1) // TR)
+        ngc = T.meta_var((K + TC - 1) // TC)
+        nch = T.meta_var((N + nb - 1) // nb)
+        per = T.meta_var((ngc + splits - 1) // splits)
+        bx = T.env_thread("blockIdx.x")
+        ty = T.env_thread("threadIdx.y")
+        tx = T.env_thread("threadIdx.x")
+        T.launch_thread(bx, T.max(ngo * splits * nch, 1))
+        T.launch_thread(ty, warps)
+        T.launch_thread(tx, 32)
+        As = T.alloc_buffer((TR * pa,), "float16", scope="shared", align=64)
+        Bs = T.alloc_buffer((TC * pb,), "float16", scope="shared", align=64)
+        Ws = T.alloc_buffer((subs,), "uint64", scope="shared", align=64)
+        So = T.alloc_buffer((subs,), "int32", scope="shared", align=64)
+        acc = T.alloc_buffer((nt * 4,), "float32", scope="local")
+        af = T.alloc_buffer((4,), "uint32", scope="local")
+        bf = T.alloc_buffer((nt * 2,), "uint32", scope="local")
+        start = T.alloc_buffer((1,), "int32", scope="local")
+        tid = T.meta_var(ty * 32 + tx)
+        go = T.meta_var(bx // (splits * nch))
+        s = T.meta_var(bx // nch % splits)
+        n0 = T.meta_var(bx % nch * nb)
+        for i in T.unroll(nt * 4):
+            acc[i] = T.float32(0)
+        for gc in range(s * per, T.min(s * per + per, ngc)):
+            tile = go * ngc + gc
+            for i in range((subs + threads - 1) // threads):
+                e = i * threads + tid
+                if e < subs:
+                    Ws[e] = words[tile * subs + e]
+            T.tvm_storage_sync("shared")
+            for i in range((subs + threads - 1) // threads):
+                e = i * threads + tid
+                if e < subs:
+                    start[0] = offsets[tile]
+                    for j in range(e):
+                        start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[j])
+                    So[e] = start[0]
+            for i in range((TC * nb + threads - 1) // threads):
+                e = i * threads + tid
+                if e < TC * nb:
+                    k = gc * TC + e // nb
+                    n = n0 + e % nb
+                    Bs[e // nb * pb + e % nb] = T.if_then_else(T.And(k < K, n < N),
+                                                               B[T.min(k, K - 1), T.min(n, N - 1)], T.float16(0))
+            T.tvm_storage_sync("shared")
+            for i in range(TR * TC // threads):
+                e = i * threads + tid
+                sub = e // 64
+                bit = e % 64
+                word = Ws[sub]
+                r = sub // (TC // SUB) * SUB + bit // SUB
+                c = sub % (TC // SUB) * SUB + bit % SUB
+                below = T.bitwise_and(word, T.shift_left(T.uint64(1), T.Cast("uint64", bit)) - T.uint64(1))
+                As[r * pa + c] = T.if_then_else(
+                    T.bitwise_and(T.shift_right(word, T.Cast("uint64", bit)), T.uint64(1)) != T.uint64(0),
+                    values[T.min(So[sub] + T.call_extern("int32", "__popcll", below), nnz - 1)], T.float16(0))
+            T.tvm_storage_sync("shared")
+            for j in range(TC // 16):
+                ldm(af[0], af[1], af[2], af[3],
+                    As.access_ptr("r", offset=(ty * 16 + tx % 16) * pa + j * 16 + tx // 16 * 8, extent=8))
+                for p in T.unroll(nt // 2):
+                    ldm_t(bf[p * 4], bf[p * 4 + 1], bf[p * 4 + 2], bf[p * 4 + 3],
+                          Bs.access_ptr("r", offset=(j * 16 + tx % 16) * pb + p * 16 + tx // 16 * 8, extent=8))
+                for n in T.unroll(nt):
+                    mma(acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3],
+                        af[0], af[1], af[2], af[3],
+                        bf[n // 2 * 4 + n % 2 * 2], bf[n // 2 * 4 + n % 2 * 2 + 1],
+                        acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3])
+            T.tvm_storage_sync("shared")
+        for n in T.unroll(nt):
+            for h in T.unroll(2):
+                for e in T.unroll(2):
+                    row = go * TR + ty * 16 + tx // 4 + h * 8
+                    col = n0 + n * 8 + tx % 4 * 2 + e
+                    if row < M and col < N:
+                        if splits == 1:
+                            C[row, col] = acc[n * 4 + h * 2 + e]
+                        else:
+                            T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[row, col]),
+                                                     acc[n * 4 + h * 2 + e]))
+
+    return tiled_spmm
+
+
+def build(tile=(64, 64), nb: int = 32, splits: int = 1, arch: str = "sm_90a"):
+    """The compiled module (TVM executable) of :func:`spmm` for ``arch``."""
+    return compile_for(spmm(tile, nb, splits), arch)
