@@ -190,3 +190,22 @@ def test_sparse_linear_takes_a_tiled_weight():
     ref = x.double() @ pruned.double().T + bias.double()
     assert lin.weight.format == "tiled:16x16" and y.shape == (3, 5, 48)
     assert max_rel_err(y.detach().numpy(), ref.numpy()) < 1e-5
+
+
+def test_llm_mlp_example_runs_small_on_the_cpu(tmp_path):
+    """examples/llm_mlp.py: a Llama-style MLP with tiled weights matches the float64 MLP of
+    the same pruned weights (CPU, small dims; the GPU run times it against dense fp16)."""
+    pytest.importorskip("torch")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "llm_mlp.py"
+    spec = importlib.util.spec_from_file_location("llm_mlp", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "mlp.json"
+    assert example.main(["--device", "cpu", "--dims", "64", "176", "--sparsity", "0.8", "--tokens", "3",
+                         "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["ok"] and row["max_rel_err"] < 1e-4 and row["fmt"] == "tiled"
