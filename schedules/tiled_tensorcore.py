@@ -8,7 +8,7 @@ row share K; their partial sums are added atomically, into a C the caller zeroed
 
 1. the tile's bitmap words into shared memory;
 2. where each 8 x 8 subtile's values start: the tile's offset plus the popcounts of the
-   subtiles before it (one thread per subtile);
+   subtiles before it (warp 0: each lane sums a run of words, a shuffle scan over the lanes);
 3. the tile expanded into a dense TR x TC float16 tile in shared memory: thread t takes
    element bits in order, so a warp reads consecutive values of one subtile (coalesced), a
    set bit's value at ``start + popcount(word & ((1 << bit) - 1))``, a clear bit 0;
@@ -55,6 +55,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
     subs = (TR // SUB) * (TC // SUB)
     pa, pb = TC + PAD, nb + PAD
     nt = nb // 8
+    per_lane = (subs + 31) // 32  # subtile words a lane of warp 0 sums for the scan
     ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
     ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
     mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
@@ -91,6 +92,8 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
         af = T.alloc_buffer((4,), "uint32", scope="local")
         bf = T.alloc_buffer((nt * 2,), "uint32", scope="local")
         start = T.alloc_buffer((1,), "int32", scope="local")
+        part = T.alloc_buffer((1,), "int32", scope="local")
+        up = T.alloc_buffer((1,), "int32", scope="local")
         tid = T.meta_var(ty * 32 + tx)
         go = T.meta_var(bx // (splits * nch))
         s = T.meta_var(bx // nch % splits)
@@ -104,13 +107,21 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
                 if e < subs:
                     Ws[e] = words[tile * subs + e]
             T.tvm_storage_sync("shared")
-            for i in range((subs + threads - 1) // threads):
-                e = i * threads + tid
-                if e < subs:
-                    start[0] = offsets[tile]
-                    for j in range(e):
-                        start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[j])
-                    So[e] = start[0]
+            if ty == 0:  # subtile starts: popcounts, a warp scan, the tile's offset
+                part[0] = 0
+                for q in range(per_lane):
+                    if tx * per_lane + q < subs:
+                        part[0] = part[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
+                start[0] = part[0]
+                for d in T.unroll(5):
+                    up[0] = T.call_extern("int32", "__shfl_up_sync", T.uint32(0xFFFFFFFF), start[0], 1 << d)
+                    if tx >= (1 << d):
+                        start[0] = start[0] + up[0]
+                start[0] = start[0] - part[0] + offsets[tile]
+                for q in range(per_lane):
+                    if tx * per_lane + q < subs:
+                        So[tx * per_lane + q] = start[0]
+                        start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
             for i in range((TC * nb + threads - 1) // threads):
                 e = i * threads + tid
                 if e < TC * nb:
