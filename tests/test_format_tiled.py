@@ -82,6 +82,14 @@ def test_prune_keeps_the_largest_magnitudes():
     assert inst.nnz == 1 and keep.sum() == 1
 
 
+def test_prune_breaks_ties_by_row_major_order():
+    """Equal magnitudes at the cut: the earliest elements (row-major) are kept."""
+    w = np.ones((8, 10), np.float32)
+    w[2, 3] = -5.0
+    _, keep = tiled.prune(w, sparsity=0.75, tile=(8, 8))  # 20 kept: the 5, then the 19 earliest ones
+    assert np.flatnonzero(keep).tolist() == list(range(19)) + [23]
+
+
 def test_prune_takes_torch_and_scipy_weights():
     torch = pytest.importorskip("torch")
     w = torch.randn(40, 24, dtype=torch.bfloat16)
