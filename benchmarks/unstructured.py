@@ -8,8 +8,9 @@ magnitude, X (in, tokens) float16 activations feature-major.
 
 Per case, side by side in one process: dense cuBLAS fp16 (``torch.mm``) on the pruned
 weight, cuSPARSE CSR fp16 (``torch.sparse.mm``), and sparsec on the formats it can run the
-weight in today (CUDA-core csr and hyb; ``tiled``, the bitmap layout, through the generic
-CUDA template until its Tensor Core schedule exists). Each result is checked against float64
+weight in (CUDA-core csr and hyb; ``tiled``, the bitmap layout, through the generic CUDA
+template; ``tiled_tc``, its Tensor Core kernel ``schedules/tiled_tensorcore.py`` called
+directly, as it is not yet behind ``sparsec.compile``). Each result is checked against float64
 on the same pruned weight. Times: CUDA-graph medians (``sparsec.bench.timing.Timer``) over
 enough weight copies to leave L2 cold. Bytes: what each reads of the weight (dense: 2 per
 element; csr: values, indices, row pointers; tiled: values, bitmap, tile offsets) plus X and
@@ -34,7 +35,7 @@ from sparsec.reference import max_rel_err  # noqa: E402
 SHAPES = ("4096x4096", "11008x4096", "4096x11008")
 SPARSITY = (0.5, 0.7, 0.8, 0.9)
 TOKENS = (1, 8, 16, 32, 64, 128, 1024)
-FORMATS = ("csr", "hyb", "tiled")
+FORMATS = ("csr", "hyb", "tiled", "tiled_tc")  # tiled_tc: the tiled Tensor Core kernel (CUDA only)
 TOL = 2e-2  # float16 values and products, float32 sums
 
 
@@ -46,6 +47,39 @@ def weight_bytes(inst) -> int:
         return tiled.stream_bytes(inst)["total"]
     parts = getattr(inst, "parts", None) or [inst]
     return int(inst.data.nbytes) + sum(int(a.nbytes) for p in parts for a in p.kernel_arrays().values())
+
+
+def tiled_tc_calls(inst, x, copies: int, kw: dict):
+    """The tiled format's Tensor Core kernel (``schedules/tiled_tensorcore.py``, not yet
+    behind ``sparsec.compile``) as ``copies`` calls on copies of the weight, each returning C;
+    C starts at zero (split-K adds into it: later calls accumulate, which only timing sees)."""
+    import tvm
+
+    from sparsec.kernel import on_torch_stream
+    from sparsec.schedules import tiled_tensorcore as tt
+
+    dev = tvm.cuda(0)
+    fn = tt.build(**kw).mod["tiled_spmm"]
+    B = tvm.runtime.tensor(x, dev)
+    C = tvm.runtime.tensor(np.zeros((inst.shape[0], x.shape[1]), np.float32), dev)
+    weights = [[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in
+                (inst.arrays["bitmap"], inst.arrays["tile_offsets"], inst.data.astype(np.float16))]
+               for _ in range(copies)]
+
+    def call(w):
+        with on_torch_stream(True):
+            fn(*w, B, C)
+        return C
+
+    return call, weights
+
+
+def tiled_tc_knobs(rows: int, tokens: int) -> dict:
+    """Columns of B a block takes and splits of K: enough blocks for two a streaming
+    multiprocessor (132 on an H100 / H200)."""
+    nb = 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
+    blocks = -(-rows // 64) * -(-tokens // nb)
+    return {"tile": (64, 64), "nb": nb, "splits": int(min(16, max(1, -(-264 // blocks))))}
 
 
 def copy_gbps(device: str) -> float:
@@ -94,15 +128,17 @@ def run_case(rows, cols, sparsity, tokens_list, args, timer, gbps):
                "results": {}}
         act_bytes = 2 * (cols * tokens + rows * tokens)
 
-        def record(name, fn, bytes_w, copies):
+        def record(name, fn, bytes_w, copies, extra=None):
             y = fn(copies[0])
+            y = y.numpy() if hasattr(y, "numpy") and not hasattr(y, "cpu") else y
             y = y.float().cpu().numpy() if hasattr(y, "cpu") else np.asarray(y, dtype=np.float32)
             err = float(max_rel_err(y, ref))
             ms = timer.measure([lambda c=c: fn(c) for c in copies]).median_ms
             moved = bytes_w + act_bytes
             row["results"][name] = {"ms": ms, "max_rel_err": err, "ok": err < TOL, "weight_bytes": int(bytes_w),
                                     "bytes": int(moved), "gbps": moved / (ms * 1e-3) / 1e9,
-                                    "of_copy_bw": (moved / (ms * 1e-3) / 1e9) / gbps if gbps else None}
+                                    "of_copy_bw": (moved / (ms * 1e-3) / 1e9) / gbps if gbps else None,
+                                    **(extra or {})}
 
         n_copies = rotation_count(2 * rows * cols, device_l2_bytes(), free_device_bytes(dev), max_copies=8)
         xt = torch.from_numpy(x).to(dev)
@@ -115,7 +151,13 @@ def run_case(rows, cols, sparsity, tokens_list, args, timer, gbps):
             csr_bytes = int(sp_t.values().nbytes + sp_t.col_indices().nbytes + sp_t.crow_indices().nbytes)
             record("cusparse_csr", lambda S: torch.sparse.mm(S, xt), csr_bytes, sparse)
             del sparse, sp_t
-        for fmt in args.formats:
+        if dev == "cuda" and "tiled_tc" in args.formats:
+            kw = tiled_tc_knobs(rows, tokens)
+            call, weights = tiled_tc_calls(t_inst, x, n_copies, kw)
+            record("sparsec_tiled_tc", call, tiled.stream_bytes(t_inst)["total"], weights,
+                   {"knobs": {**kw, "tile": list(kw["tile"])}})
+            del weights
+        for fmt in (f for f in args.formats if f != "tiled_tc"):
             inst = t_inst if fmt == "tiled" else convert(t_inst.to_scipy(), fmt, dtype=np.float16)
             try:
                 k = sparsec.compile("spmm", inst, target=args.target, feat=tokens)
