@@ -47,11 +47,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sparsec.expr import BinOp, Const, Expr, Load, Select, Var, render, walk
-from sparsec.ir_attrs import SYNC_PREFIX
+from sparsec.ir_attrs import SYNC_PREFIX, SYNC_ROWS
 
 from .segment_split import Partition, Sym
 
 THREADS = 256  # threads per block, and root positions per block (one flag each in the scan)
+assert THREADS == SYNC_ROWS  # a fused fill's groups of rows are one block's positions (ir_attrs)
 PER_THREAD = 4  # segments of a thread's register tile
 SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, less the scan's)
 # The split of long segments (``schedules.segment_split``), constants (the kernel is written
@@ -212,22 +213,18 @@ def fuses_fill(c: Contraction, fill) -> bool:
     if _uses(fill.value) - {vr, vg} or any(isinstance(n, Load) and n.buffer == fill.target.buffer
                                            for n in walk(fill.value)):
         return False
-    return _rows(c, loops[0].extent) is not None
+    return _adds_into_rows(c, loops[0].extent)
 
 
-def _rows(c: Contraction, rows: Expr) -> Optional[Expr]:
-    """E where ``c`` adds into output row p % E (or p, E = ``rows``) of an output of ``rows``
-    rows, else None."""
+def _adds_into_rows(c: Contraction, rows: Expr) -> bool:
+    """``c`` adds into output row p % ``rows`` (or p) of root position p, column g."""
     vp, vg = f"v_{c.root}", f"v_{c.spatial}"
     if len(c.target.index) != 2 or getattr(c.target.index[1], "name", None) != vg:
-        return None
+        return False
     r = c.target.index[0]
-    if isinstance(r, Var) and r.name == vp:
-        return rows
-    if (isinstance(r, BinOp) and r.op == "%" and isinstance(r.a, Var) and r.a.name == vp
-            and render(r.b, "int32") == render(rows, "int32")):
-        return rows
-    return None
+    return (isinstance(r, Var) and r.name == vp) or (
+        isinstance(r, BinOp) and r.op == "%" and isinstance(r.a, Var) and r.a.name == vp
+        and render(r.b, "int32") == render(rows, "int32"))
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
@@ -435,7 +432,7 @@ def sync_slots(c: Contraction, fill, dtype: str, part: Partition) -> Dict[str, s
     statement at row fr, column fg)."""
     loops = [b for blk in fill.blocks for b in blk]
     names = {f"v_{loops[0].loop.name}": PREFIX + "fr", f"v_{loops[1].loop.name}": PREFIX + "fg"}
-    E = render(_rows(c, loops[0].extent), "int32")
+    E = render(loops[0].extent, "int32")
     n_root = render(c.root_extent, "int32")
     return {
         "E": E, "ws": SYNC_PREFIX + str(part.splits),
@@ -444,7 +441,17 @@ def sync_slots(c: Contraction, fill, dtype: str, part: Partition) -> Dict[str, s
     }
 
 
-def sync_head(c: Contraction) -> str:
+def sync_declarations() -> str:
+    """The protocol's block-level values and buffers: groups of rows (ng), the claim results
+    and group ids thread 0 hands the block (sk), its go-ahead (sf), thread 0's counts."""
+    return f"""ng: T.int32 = ({{E}} + {THREADS - 1}) // {THREADS}
+sk = T.alloc_buffer((8,), "int32", scope="shared")
+sf = T.alloc_buffer((1,), "int32", scope="shared")
+""" + "\n".join(f'{n} = T.alloc_buffer(({k},), "int32", scope="local")'
+                 for n, k in (("ck", 1), ("fv", 3), ("gl", 3), ("st", 3), ("sq", 1), ("gn", 1), ("tr", 1))) + "\n"
+
+
+def sync_head() -> str:
     """Thread 0, as the block starts: its groups of output rows (up to 3: its 256 positions'
     rows p % E may wrap past row E - 1) into gl, and in split 0 the loads the protocol
     decides on -- its own call count (ck) and the groups' fill counts (fv) -- issued beside the
@@ -568,12 +575,7 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
     if fill is not None:  # the output's fill runs here first (lower.fuse_fill)
         x.update(sync_slots(c, fill, dtype, part))
         grid = "{grid}"
-        head = "\n" + indent(f"""ng: T.int32 = ({{E}} + {THREADS - 1}) // {THREADS}
-sk = T.alloc_buffer((8,), "int32", scope="shared")
-sf = T.alloc_buffer((1,), "int32", scope="shared")
-""" + "\n".join(f'{n} = T.alloc_buffer(({k},), "int32", scope="local")'
-                 for n, k in (("ck", 1), ("fv", 3), ("gl", 3), ("st", 3), ("sq", 1), ("gn", 1), ("tr", 1)))
-                 + "\n" + sync_head(c), 12)
+        head = "\n" + indent(sync_declarations() + sync_head(), 12)
         decide = "\n" + sync_decide().rstrip("\n")
         claim = "\n" + sync_claim(c).rstrip("\n")
         idle = "\n" + indent(sync_idle(c), 12)

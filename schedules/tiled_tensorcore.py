@@ -45,7 +45,10 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
     """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
     subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
     ``formats.tiled`` stores them; B (K, N) float16; C (M, N) float32. M, K and N are read
-    from the operands. With ``splits`` > 1, C must be zeros when it is called."""
+    from the operands. With ``splits`` > 1, C must be zeros when it is called. The kernel
+    trusts its operands (a ``formats.tiled`` instance's own arrays, for the M and K of B and
+    C): it is not reached from ``sparsec.compile`` yet, whose argument checks would stand
+    in front of it."""
     from tvm.script import tirx as T
 
     TR, TC = (int(t) for t in tile)

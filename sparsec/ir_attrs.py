@@ -10,7 +10,7 @@ ATOMIC_ATTR = "sparsec_atomic"  # block annotation: stores into global memory mu
 # count (``sparsec.tc_operands``); the suffix is the kernel's split count, so kernels whose
 # thread blocks differ never share one.
 SYNC_PREFIX = "sparsec_sync_s"
-SYNC_ROWS = 256  # output rows per group, one thread block's root positions
+SYNC_ROWS = 256  # output rows per group: one thread block's root positions (segment_contract.THREADS)
 
 
 def sync_words(positions: int, splits: int) -> int:

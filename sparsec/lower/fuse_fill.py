@@ -9,6 +9,13 @@ block to reach a group of output rows in a call fills it, and a block adds into 
 once their group is filled (``schedules.segment_contract``). Where the rows are not a plain
 function of the root position (hyb's buckets reach theirs through a row map) or several
 parts add into the output, the fill keeps its own launch.
+
+The workspace's counts say which call a launch is, so calls on one matrix must run one after
+another: two launches of such a kernel on one matrix instance on different streams at once
+would mix their counts. A block that waits for a fill longer than
+``segment_contract.SPIN_LIMIT`` polls stops the launch with ``__trap`` (a CUDA error that
+ends the process's CUDA context) rather than hang or add into an unfilled row. That is one
+more reason the fusion is off by default.
 """
 from __future__ import annotations
 

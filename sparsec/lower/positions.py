@@ -153,8 +153,8 @@ class LoopNest:
     origin: str = ""  # the DSL iteration it comes from (its parts and fill nest share it)
     template: str = ""  # a schedule that emits this nest's kernel itself (CUDA: "segment_contract")
     init_value: Optional[Expr] = None  # what an owning nest's T.init stores (a folded epilogue's term), else 0
-    # a fill nest that this nest's kernel runs in its own launch (``lower.fuse_fill``: the
-    # output a segment contraction adds into, set to its start value first)
+    # a fill nest this nest's kernel runs first, inside the same launch (``lower.fuse_fill``:
+    # the output a segment contraction adds into, set to its start value)
     prologue: Optional["LoopNest"] = None
 
 
