@@ -416,10 +416,13 @@ for ch in range({THREADS // TS}):
 
 
 # Thread blocks per SM a kernel with a fused fill is compiled to keep resident
-# (``__launch_bounds__(256, N)``: registers capped at 65536 / (256 N)); 0: no bound. H200
-# (benchmarks/results/rgcn_fill_H200.json), an earlier protocol capped at 8 for G <= 32:
-# mdual 64x16 0.767 -> 0.777 ms, R-MAT s18 64x16 1.726 -> 1.908 ms, so no bound by default;
-# ``benchmarks/time_rgcn_fill.py --variants fused_b8`` measures it again
+# (``__launch_bounds__(256, N)``: registers capped at 65536 / (256 N)); 0: no bound. TVM
+# hands ptxas --register-usage-level=10, where the fused kernel takes 40 registers at G = 16
+# and 48 at G = 64 (32 and 39 without the fill). H200 (benchmarks/results/rgcn_fill_H200.json,
+# session18.v5_bounded): a bound of 8 at G <= 32 spills and made R-MAT s18 64x16 1.26x the
+# two launches (1.10x unbounded); 6 at G = 64 brought R-MAT 64x64 from 1.12x to 1.02x, but
+# the tree without the bound measures 1.01x there already. So no bound by default;
+# ``benchmarks/time_rgcn_fill.py --variants fused_b6`` measures one again
 FUSED_MIN_BLOCKS = 0
 # Spins of a block waiting for another block's fill before it stops the kernel (__trap: a
 # workspace that no longer matches the matrix, never a hang); a fill takes microseconds
