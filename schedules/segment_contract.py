@@ -416,12 +416,12 @@ for ch in range({THREADS // TS}):
 
 
 # Thread blocks per SM a kernel with a fused fill is compiled to keep resident
-# (``__launch_bounds__(256, N)``: registers capped at 65536 / (256 N)); 0: no bound. TVM
-# hands ptxas --register-usage-level=10, where the fused kernel takes 40 registers at G = 16
-# and 48 at G = 64 (32 and 39 without the fill). H200 (benchmarks/results/rgcn_fill_H200.json,
-# session18.v5_bounded): a bound of 8 at G <= 32 spills and made R-MAT s18 64x16 1.26x the
-# two launches (1.10x unbounded); 6 at G = 64 brought R-MAT 64x64 from 1.12x to 1.02x, but
-# the tree without the bound measures 1.01x there already. So no bound by default;
+# (``__launch_bounds__(256, N)``: registers capped at 65536 / (256 N)); 0: no bound. Since
+# the protocol appears once in the kernel (:func:`sync_takes_part`), ptxas at TVM's
+# --register-usage-level=10 gives the fused kernel the registers of the contraction alone
+# (32 at G = 16, 39 at G = 64), so no bound by default. H200, an earlier tree with two
+# copies (benchmarks/results/rgcn_fill_H200.json, session18.v5_bounded): a bound of 8 at
+# G <= 32 spilled and made R-MAT s18 64x16 1.26x the two launches (1.10x unbounded);
 # ``benchmarks/time_rgcn_fill.py --variants fused_b6`` measures one again
 FUSED_MIN_BLOCKS = 0
 # Spins of a block waiting for another block's fill before it stops the kernel (__trap: a
@@ -539,14 +539,14 @@ if sq[0] != 0:
 """
 
 
-def sync_idle(c: Contraction) -> str:
-    """A block that holds no entries but must take part (split 0 of a group of positions
-    below E: so every group of rows is reached in every call) runs the protocol alone."""
-    return f"""if rv[0] == 0 and {{E}} > 0 and sp == 0 and bx * {THREADS} < {{E}}:
-{indent(sync_decide(), 4)}
-    T.tvm_storage_sync("shared")
-{indent(sync_claim(c), 4)}
-"""
+def sync_takes_part() -> str:
+    """The condition under which a block runs the body (the scan, the protocol, the
+    segments): it holds entries, or it must take part without any (split 0 of a group of
+    positions below E, so every group of rows is reached in every call; its scan finds no
+    segments). One copy of the protocol's code for both: a second copy for entry-less blocks
+    made ptxas (at TVM's --register-usage-level=10) give the whole kernel 40 registers at
+    G = 16 instead of 32."""
+    return f"rv[0] != 0 or ({{E}} > 0 and sp == 0 and bx * {THREADS} < {{E}})"
 
 
 def indent(text: str, spaces: int) -> str:
@@ -573,7 +573,8 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
                         if {guard_p0}:
                             {identity}"""
     fill = nest.prologue
-    head = decide = claim = idle = ""
+    head = decide = claim = ""
+    takes_part = "rv[0] != 0"
     grid = f"(T.max({{n_root}}, 1) + {THREADS - 1}) // {THREADS} * {part.splits}"
     if fill is not None:  # the output's fill runs here first (lower.fuse_fill)
         x.update(sync_slots(c, fill, dtype, part))
@@ -581,7 +582,7 @@ def emit(printer, depth: int, nest, c: Contraction, dtype: str, reads: List[str]
         head = "\n" + indent(sync_declarations() + sync_head(), 12)
         decide = "\n" + sync_decide().rstrip("\n")
         claim = "\n" + sync_claim(c).rstrip("\n")
-        idle = "\n" + indent(sync_idle(c), 12)
+        takes_part = sync_takes_part()
     text = f"""
 for bs in T.thread_binding({grid}, thread="blockIdx.x"):
     for tid in T.thread_binding({THREADS}, thread="threadIdx.x"):
@@ -597,8 +598,8 @@ for bs in T.thread_binding({grid}, thread="blockIdx.x"):
             if p0 < {{n_root}}:
                 cnt[0] = {{count_p0}}{owned}{head}
             sc[tid] = T.if_then_else({{holds}}, 1, 0)
-            rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0)){idle}
-            if rv[0] != 0:
+            rv[0] = T.call_extern("int32", "__syncthreads_or", T.if_then_else({{holds}}, 1, 0))
+            if {takes_part}:
 {indent(segments_body(c, part, decide, claim), 16)}
 """
     if fill is not None and FUSED_MIN_BLOCKS:

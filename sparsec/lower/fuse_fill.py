@@ -32,16 +32,15 @@ from .flatten import BufferDecl, FlatProgram
 SYNC_LEN = "n_sync"  # the workspace's length, bound from the array
 
 # Off by default, for now. Measured on an H200 (benchmarks/results/rgcn_fill_H200.json,
-# rgcn_bias R = 16 + root, bias in the fill; this tree: "session18.main_d080e4e"), the fused
-# kernel is as correct as the two launches but up to 11 % slower per layer (mdual 64x64
-# 1.06x, 64x16 1.01x; R-MAT s18 64x64 1.01x, 64x16 1.11x the two launches), and RGCN's
-# forward pass with it ran at 3.02x / 3.00x the fastest peer (2.84x-3.00x over four runs of
-# this and close variants), against 3.16x / 3.17x with two launches. Nsight Compute puts the
-# gap in occupancy: at TVM's --register-usage-level=10 the fused kernel takes 40 registers
-# at 64x16 (6 blocks per SM) where the contraction alone takes 32 (8), and capping it at 32
-# spills into the gather loop (1.26x). ``benchmarks/time_rgcn_fill.py`` compares both
-# builds; set this True before compiling (or SPARSEC_FUSE_FILL=1 in the environment, for
-# whole scripts such as examples/rgcn.py) to make every contraction that fits one launch.
+# rgcn_bias R = 16 + root, bias in the fill; this tree: "session18.v6_one_protocol_copy"),
+# the fused kernel is as correct as the two launches (check_axis_trees 56/56) but up to 9 %
+# slower per layer (mdual 64x64 1.07x, 64x16 1.02x; R-MAT s18 64x64 1.02x, 64x16 1.09x the
+# two launches), and RGCN's forward pass with it ran at 3.01x / 3.01x the fastest peer
+# (2.81x-3.02x over five runs of this and close variants), against 3.15x / 3.17x with two
+# launches on the same machine: too thin a margin, and 5 % of every user's forward pass.
+# ``benchmarks/time_rgcn_fill.py`` compares both builds; set this True before compiling (or
+# SPARSEC_FUSE_FILL=1 in the environment, for whole scripts such as examples/rgcn.py) to
+# make every contraction that fits one launch.
 ENABLED = os.environ.get("SPARSEC_FUSE_FILL", "0") == "1"
 
 
