@@ -9,10 +9,10 @@ it (issue 25).
     python examples/llm_mlp.py --device cpu --dims 128 352  # a small CPU run (correctness only)
 
 Weights are drawn from normal(0, 1/sqrt(fan_in)); sparsity in {0.5, 0.7, 0.8, 0.9}, tokens in
-{1, 8, 16, 32, 64, 128, 1024}. Until the tiled Tensor Core kernel is reached from
-``sparsec.compile`` (``schedules/tiled_tensorcore.py``), ``SparseLinear`` runs the tiled
-weights on sparsec's CUDA-core template. Timing: ``sparsec.measure.Timer`` (CUDA-graph replay,
-median); the table is printed last.
+{1, 8, 16, 32, 64, 128, 1024}. On CUDA, ``SparseLinear``'s float16 SpMM on the tiled weights
+is the Tensor Core kernel ``sparsec.compile`` picks for that structure
+(``schedules/tiled_tensorcore.py``, default knobs). Timing: ``sparsec.measure.Timer``
+(CUDA-graph replay, median); the table is printed last.
 """
 from __future__ import annotations
 

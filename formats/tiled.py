@@ -98,6 +98,13 @@ def declare(tile=DEFAULT_TILE) -> Format:
     ), (("tile", (r, c)),))
 
 
+def tensor_core_layout(fmt: Format, dtype: str):
+    """float16 values run on the Tensor Core kernel that expands the bitmap tiles
+    (``schedules.tiled_tensorcore``: the instance's bitmap, tile offsets and values as they
+    are); other value types on the generic lowering over the axis chain."""
+    return "tiled_bitmap" if dtype == "float16" else None
+
+
 def _grid(shape, tile) -> tuple:
     (rows, cols), (r, c) = shape, tile
     return -(-rows // r), -(-cols // c)

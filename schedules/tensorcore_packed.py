@@ -14,7 +14,9 @@ through ``formats.registry``), for the program's value dtype on CUDA:
 
 * ``sp24``  -> ``tc_pipeline`` mode sp24 (``formats.mma_sp``'s packing: values, metadata);
 * ``gather`` -> ``tc_pipeline`` mode gather (``formats.nm_tc``'s packing: values, columns);
-* ``srbcrs_int8`` -> ``srbcrs_tensorcore`` (the instance's own indptr, indices, int8 values).
+* ``srbcrs_int8`` -> ``srbcrs_tensorcore`` (the instance's own indptr, indices, int8 values);
+* ``tiled_bitmap`` -> ``tiled_tensorcore`` (the instance's own bitmap, tile offsets and
+  float16 values: unstructured weights loaded as sparse, multiplied as dense).
 
 Both kernels are built for any matrix size (M and K are read from the operands), so a kernel
 compiled for a format spec runs on every matrix converted with it; compiled for a converted
@@ -30,6 +32,7 @@ from typing import Optional, Tuple
 
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
+from . import tiled_tensorcore as tiled_tc
 from .knobs import ANY, Knob, check_applicable, transformation
 
 # the packed operands each layout passes, in the kernel's argument order: (name, dtype)
@@ -37,7 +40,11 @@ OPERANDS = {
     "sp24": (("sp24_values", "float16"), ("sp24_meta", "uint32")),
     "gather": (("gather_values", "float16"), ("gather_cols", "int32")),
     "srbcrs_int8": (("indptr", "int32"), ("indices", "int32")),
+    "tiled_bitmap": (("bitmap", "uint64"), ("tile_offsets", "int32")),
 }
+# layouts whose kernel reads the instance's own arrays and values, with no epilogue: a bias,
+# an activation, a transposed or a declared output dtype leave the program to the generic path
+OWN_ARRAYS = ("srbcrs_int8", "tiled_bitmap")
 
 
 # gather mode takes a multiple of 16 columns of B: ldmatrix.x4.trans loads two 8-column tiles at once
@@ -65,6 +72,7 @@ class PackedSpmm:
     # (rows, cols, kc; kc is 0 but in gather mode) of the matrix compiled for: the kernel carries a
     # body sized for it
     sized_for: Optional[Tuple[int, int, int]] = None
+    tile: Optional[Tuple[int, int]] = None  # tiled_bitmap: the format's tile shape
 
 
 def match(program, target_kind: str, kc: Optional[int] = None,
@@ -89,9 +97,18 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     b_name, c_name, bias, activation, feat, transpose_c, bias_axis, dtypes = found
     out_dtype = dtypes.get(c_name) or program.dtype.out
     bias_dtype = (dtypes.get(bias) or program.dtype.dense) if bias else ""
-    if layout == "srbcrs_int8" and (bias is not None or activation != "none" or transpose_c or dtypes):
-        return None  # the integer kernel has no epilogue: the generic template runs
-    if layout != "srbcrs_int8" and (out_dtype not in tpp.OUT_DTYPES
+    if layout in OWN_ARRAYS and (bias is not None or activation != "none" or transpose_c or dtypes):
+        return None  # these kernels have no epilogue: the generic template runs
+    tile = None
+    if layout == "tiled_bitmap":
+        if program.dtype.dense != "float16" or out_dtype != "float32":
+            return None  # float16 B, float32 C is what its MMA takes and stores
+        tile = tuple(int(t) for t in fmt.param("tile"))
+        try:
+            tiled_tc.check(tile, 16, 1)
+        except ValueError:
+            return None  # a tile the kernel's warps cannot cover (rows not a multiple of 16)
+    if layout not in OWN_ARRAYS and (out_dtype not in tpp.OUT_DTYPES
                                     or bias_dtype not in ("", "float32", program.dtype.sparse)):
         return None
     if layout == "gather" and feat % GATHER_FEAT_ALIGN:
@@ -104,7 +121,7 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     if shape is not None and (layout != "gather" or kc):
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
-                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized)
+                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile)
 
 
 def _spmm_structure(program):
@@ -387,8 +404,36 @@ def srbcrs_int8_spmm(built, program, *, n_bytes: int, warps: int):
     built.mod = IRModule({program.name: func})
 
 
+def _tiled_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> dict:
+    return {**tiled_tc.default_knobs(match(program, "cuda").feat), **knobs}
+
+
+def _tiled_prune(program, knobs) -> Optional[str]:
+    m = match(program, "cuda")
+    try:
+        tiled_tc.check(m.tile, **_tiled_resolve(program, knobs))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@transformation(knobs={k: Knob(tuple(v)) for k, v in tiled_tc.KNOBS.items()},
+                resolve=_tiled_resolve,
+                prune=_tiled_prune)
+def tiled_tc_spmm(built, program, *, nb: int, splits: int):
+    """Build ``schedules.tiled_tensorcore``'s kernel for ``program`` into ``built.mod``, for
+    the format's tile shape and any matrix size (a first launch zeroes C where splits add)."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    built.mod = IRModule({program.name: tiled_tc.spmm(m.tile, nb=nb, splits=splits, name=program.name)})
+
+
+_TRANSFORMATIONS = {"srbcrs_int8": srbcrs_int8_spmm, "tiled_bitmap": tiled_tc_spmm}
+
+
 def transformation_for(m: PackedSpmm):
-    return srbcrs_int8_spmm if m.layout == "srbcrs_int8" else tc_pipeline_spmm
+    return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
 
 
 class Built:
@@ -408,6 +453,8 @@ def schedule(program, m: PackedSpmm, **knobs):
     shape = m.sized_for[:2] if m.sized_for else None
     if t is tc_pipeline_spmm:
         knobs = _pipeline_resolve(program, knobs, m.kc, shape)
+    elif t is tiled_tc_spmm:
+        knobs = _tiled_resolve(program, knobs, shape)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()
@@ -422,9 +469,9 @@ def kernel_params(program, m: PackedSpmm):
     as the Kernel's calling convention does."""
     out = [(name, "index", m.dtype if name == "gather_values" else dtype, (None,), False, False)
            for name, dtype in OPERANDS[m.layout]]
-    if m.layout == "srbcrs_int8":
+    if m.layout in OWN_ARRAYS:
         matrix = next(b for b in program.bound.op.buffers if b.sparse and b.matrix)
-        out.append((matrix.name, "input", "int8", (None,), True, True))
+        out.append((matrix.name, "input", m.dtype, (None,), True, True))
     out.append((m.b_name, "input", program.dtype.dense, ("cols", m.feat), False, False))
     if m.bias is not None:
         out.append((m.bias, "input", m.bias_dtype, ("rows",) if m.bias_axis == "row" else (m.feat,), False, False))

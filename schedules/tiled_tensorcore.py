@@ -4,7 +4,8 @@ tiles, B (K, N) float16, C (M, N) float32.
 
 A thread block owns one tile row of W (TR rows, one warp per 16 of them) and N columns
 ``NB`` at a time, and walks the tile columns of its split of K (``splits`` blocks per tile
-row share K; their partial sums are added atomically, into a C the caller zeroed). Per tile:
+row share K; their partial sums are added atomically, into a C that a launch before the
+kernel's sets to zero). Per tile:
 
 1. the tile's bitmap words into shared memory;
 2. where each 8 x 8 subtile's values start: the tile's offset plus the popcounts of the
@@ -18,8 +19,11 @@ row share K; their partial sums are added atomically, into a C the caller zeroed
 
 Shared rows are padded by 8 halves (16 bytes), so the eight row addresses of an
 ``ldmatrix`` fall in eight different 16-byte bank groups. This is the first, unpipelined
-version: a tile's expansion and its MMAs alternate, separated by barriers. It is not yet
-reached from ``sparsec.compile``; ``benchmarks/check_tiled_tc.py`` checks it on the GPU host.
+version: a tile's expansion and its MMAs alternate, separated by barriers, so a block's time
+is a chain of dependent loads per tile and the kernel is latency-bound (H200: 0.31x dense
+cuBLAS at 4096 x 4096, 90 %, 16 tokens; ``benchmarks/results/unstructured_quick_H200.json``).
+``sparsec.compile`` reaches it through ``schedules.tensorcore_packed`` (layout
+``tiled_bitmap``); ``benchmarks/check_tiled_tc.py`` checks it on the GPU host.
 """
 from __future__ import annotations
 
@@ -27,6 +31,20 @@ from .warp_mma import check_sizes, compile_for
 
 SUB = 8  # a subtile is 8 x 8 elements: one 64-bit bitmap word
 PAD = 8  # halves added to every shared row (16 bytes)
+# the knobs, declared once (``schedules.tensorcore_packed`` makes them a transformation's):
+# columns of B a block takes, blocks that share a tile row's K
+KNOBS = {"nb": (16, 32, 48, 64), "splits": (1, 2, 4, 8, 16, 32, 64)}
+
+
+def default_knobs(feat: int) -> dict:
+    """The knobs when none are given, from the H200 sweep of splits 1-64 over 4096 x 4096,
+    11008 x 4096 and 4096 x 11008 at 50 % and 90 % (``results/unstructured_quick_H200.json``):
+    up to 32 tokens, 64 splits (a block per tile or two: the unpipelined kernel needs blocks
+    in flight more than anything) won or came within 6 % of the best; at 1024 tokens 8 splits
+    won 4 of 6 and was within 2 % of the best in the others. Columns of B a block takes:
+    the tokens, rounded up to 16, at most 64."""
+    feat = max(int(feat), 1)
+    return {"nb": min(64, -(-feat // 16) * 16), "splits": 64 if feat <= 32 else 8}
 
 
 def check(tile, nb: int, splits: int) -> None:
@@ -45,10 +63,9 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
     """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
     subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
     ``formats.tiled`` stores them; B (K, N) float16; C (M, N) float32. M, K and N are read
-    from the operands. With ``splits`` > 1, C must be zeros when it is called. The kernel
-    trusts its operands (a ``formats.tiled`` instance's own arrays, for the M and K of B and
-    C): it is not reached from ``sparsec.compile`` yet, whose argument checks would stand
-    in front of it."""
+    from the operands. With ``splits`` > 1 a first launch zeroes C. The kernel trusts its
+    operands (a ``formats.tiled`` instance's own arrays, for the M and K of B and C):
+    ``sparsec.compile``'s kernel checks them before every call."""
     from tvm.script import tirx as T
 
     TR, TC = (int(t) for t in tile)
@@ -77,6 +94,12 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
         values = T.match_buffer(v_h, (nnz,), "float16")
         B = T.match_buffer(b_h, (K, N), "float16")
         C = T.match_buffer(c_h, (M, N), "float32")
+        if splits > 1:  # the splits add into C: it starts at zero (a launch of its own)
+            with T.launch_thread("blockIdx.x", T.max(M, 1)) as zr:
+                with T.launch_thread("threadIdx.x", 128) as zc:
+                    for zi in range((N + 127) // 128):
+                        if zr < M and zi * 128 + zc < N:
+                            C[zr, zi * 128 + zc] = T.float32(0)
         ngo = T.meta_var((M + TR - 1) // TR)
         ngc = T.meta_var((K + TC - 1) // TC)
         nch = T.meta_var((N + nb - 1) // nb)

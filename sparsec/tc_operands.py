@@ -35,17 +35,22 @@ def _positions(inst) -> int:
     return max(int(np.prod(inst.shape[:-1])), int(longest))
 
 
-def _packer(name: str):
+def _packer(name: str, inst=None):
     if name.startswith(SYNC_PREFIX) and name[len(SYNC_PREFIX):].isdigit():
         splits = int(name[len(SYNC_PREFIX):])
         return lambda inst: {name: np.zeros(sync_words(_positions(inst), splits), dtype=np.int32)}
+    if name not in PACKERS and inst is not None and name in getattr(inst, "arrays", {}):
+        # an array the format stores but its generic lowering does not read (``tiled``'s
+        # bitmap and tile offsets): the kernel takes it as it is
+        return lambda inst: {name: inst.arrays[name]}
     return PACKERS.get(name)
 
 
 def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:
-    """The arrays ``names`` (packed operands) of ``inst``, packed at most once per values
-    array; ValueError naming an operand no packing produces."""
-    unknown = [n for n in names if _packer(n) is None]
+    """The arrays ``names`` (packed operands, or arrays the instance stores beside its index
+    arrays) of ``inst``, packed at most once per values array; ValueError naming an operand
+    no packing produces."""
+    unknown = [n for n in names if _packer(n, inst) is None]
     if unknown:
         raise ValueError(f"this kernel reads the arrays {unknown}, which a matrix in format {inst.format.spec} "
                          f"does not carry (known packed operands: {sorted(PACKERS)})")
@@ -56,5 +61,5 @@ def packed_operands(inst, names: Sequence[str]) -> Dict[str, np.ndarray]:
     arrays = cached[1]
     for n in names:
         if n not in arrays:
-            arrays.update(_packer(n)(inst))
+            arrays.update(_packer(n, inst)(inst))
     return {n: arrays[n] for n in names}

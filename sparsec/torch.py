@@ -310,7 +310,13 @@ class SparseLinear(torch.nn.Module):
 
             return TensorCoreLinear.from_dense(weight, bias, fmt, device=device or "cuda",
                                                dtype=dtype or torch.float16)
+        if isinstance(weight, torch.Tensor) and weight.dtype in (torch.float16, torch.bfloat16):
+            # a half-precision weight keeps its precision (scipy holds it as float32 meanwhile)
+            dtype = dtype or str(weight.dtype).split(".")[-1]
+            weight = weight.float()
         w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+        if w.dtype == np.float16:
+            dtype, w = dtype or "float16", w.astype(np.float32)
         device = device or (weight.device if isinstance(weight, torch.Tensor) else "cpu")
         m, scale = sp.csr_matrix(w), 1.0
         if fmt.startswith("srbcrs") and fmt.endswith("int8"):
@@ -329,7 +335,9 @@ class SparseLinear(torch.nn.Module):
             xq = torch.clamp(torch.round(x2 / x_scale), -127, 127).to(torch.int8).t().contiguous()
             y = (spmm(self.weight, xq).to(x.dtype) * (x_scale * self.weight_scale)).t()
         else:
-            y = spmm(self.weight, x2.t().contiguous()).t()  # in x tokens -> out x tokens
+            # in x tokens -> out x tokens; float16 / bfloat16 values sum in float32, and a
+            # layer hands back its input's precision as torch.nn.Linear does
+            y = spmm(self.weight, x2.t().contiguous()).t().to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)

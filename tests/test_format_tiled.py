@@ -200,6 +200,24 @@ def test_sparse_linear_takes_a_tiled_weight():
     assert max_rel_err(y.detach().numpy(), ref.numpy()) < 1e-5
 
 
+def test_sparse_linear_in_float16_hands_back_float16():
+    """A float16 tiled layer sums in float32 (the kernel's output) and returns its input's
+    precision, so layers chain (an MLP's next layer takes float16, as its weight is)."""
+    torch = pytest.importorskip("torch")
+    from sparsec.torch import SparseLinear
+
+    w = np.random.default_rng(7).standard_normal((40, 48)).astype(np.float16)
+    _, keep = tiled.prune(w, sparsity=0.8)
+    pruned = torch.from_numpy(np.where(keep, w, 0))
+    lin = SparseLinear.from_dense(pruned, fmt="tiled")
+    x = torch.randn(5, 48).half()
+    y = lin(x)
+    assert y.dtype == torch.float16 and y.shape == (5, 40)
+    ref = x.double() @ pruned.double().T
+    assert max_rel_err(y.double().numpy(), ref.numpy()) < 1e-2
+    assert lin(y[:, :40].repeat(1, 2)[:, :48]).dtype == torch.float16  # the next layer takes it
+
+
 def test_llm_mlp_example_runs_small_on_the_cpu(tmp_path):
     """examples/llm_mlp.py: a Llama-style MLP with tiled weights matches the float64 MLP of
     the same pruned weights (CPU, small dims; the GPU run times it against dense fp16)."""

@@ -27,3 +27,87 @@ def test_builds_to_mma_on_expanded_tiles(tile, nb, splits):
 def test_refuses_shapes_it_cannot_take(kw, match):
     with pytest.raises(ValueError, match=match):
         tt.spmm(**kw)
+
+
+# ---------------------------------------------------------------- reached from sparsec.compile
+
+
+def _uses(op, spec, dtype, kind="cuda"):
+    from sparsec.formats.registry import make_format
+    from sparsec.lower import lower_program
+    from sparsec.schedules import templates
+
+    _, program = lower_program(op, make_format(spec), {"feat": 16}, dtype, atomics=kind == "cuda")
+    return [u.transformation.name for u in templates(program, kind)]
+
+
+def test_float16_spmm_on_tiled_runs_the_kernel_by_capability():
+    """Any SpMM nest over a tiled float16 matrix on CUDA -- the library's and a user's own
+    DSL operator alike -- gets the kernel; float32 values, an epilogue it does not carry,
+    tiles its warps cannot cover and the CPU keep the generic lowering."""
+    from dense_ops import _spmm, spmm_row_bias_relu
+    from sparsec import ops
+
+    mine, *_ = _spmm("my_product", "C = A @ B, written by a user")
+    assert _uses(ops.get("spmm"), "tiled", "float16") == ["tiled_tc_spmm"]
+    assert _uses(mine, "tiled:32x128", "float16") == ["tiled_tc_spmm"]
+    assert "tiled_tc_spmm" not in _uses(ops.get("spmm"), "tiled", "float32")
+    assert "tiled_tc_spmm" not in _uses(spmm_row_bias_relu(), "tiled", "float16")
+    assert "tiled_tc_spmm" not in _uses(ops.get("spmm"), "tiled:24x64", "float16")
+    assert "tiled_tc_spmm" not in _uses(ops.get("spmm"), "tiled", "float16", "llvm")
+
+
+@pytest.mark.parametrize("feat, knobs, launches", [(16, None, 2), (40, {"splits": 1, "nb": 48}, 1)])
+def test_compiled_kernel_reads_the_instance_arrays_and_zeroes_c_where_splits_add(feat, knobs, launches):
+    """The compiled kernel takes the instance's bitmap, tile offsets and float16 values as
+    they are, then B and C; with split K (the default up to 32 columns) a first launch
+    zeroes C, so a NaN-poisoned or reused output comes back right."""
+    import numpy as np
+
+    import sparsec
+    from sparsec.formats import tiled
+
+    w = np.random.default_rng(0).standard_normal((200, 333)).astype(np.float16)
+    inst, _ = tiled.prune(w, sparsity=0.9)
+    k = sparsec.compile("spmm", inst, target="cuda", feat=feat, knobs=knobs)
+    assert [(p.name, p.dtype) for p in k.params] == [
+        ("bitmap", "uint64"), ("tile_offsets", "int32"), ("A", "float16"), ("B", "float16"), ("C", "float32")]
+    src = k.source()
+    assert src.count("__global__") // 2 == launches and "__popcll" in src and "mma.sync" in src
+
+
+def test_knobs_are_declared_once_and_refused_by_name():
+    import numpy as np
+
+    import sparsec
+    from sparsec.formats import tiled
+    from sparsec.schedules.tensorcore_packed import tiled_tc_spmm
+
+    assert set(tiled_tc_spmm.knobs) == set(tt.KNOBS)
+    assert tt.default_knobs(1) == {"nb": 16, "splits": 64} and tt.default_knobs(1024) == {"nb": 64, "splits": 8}
+    inst, _ = tiled.prune(np.ones((64, 64), np.float16), sparsity=0.5)
+    with pytest.raises(ValueError, match="splits"):
+        sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"splits": 3})
+    with pytest.raises(ValueError, match="vec"):
+        sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"vec": 4})
+
+
+def test_every_array_the_kernel_reads_comes_from_the_instance():
+    """The kernel's index parameters are the instance's own bitmap and tile offsets (which
+    the generic lowering does not read, so ``index_arrays`` leaves them out): the call
+    resolves them through ``tc_operands`` as they are, no copy, no packing."""
+    import numpy as np
+
+    import sparsec
+    from sparsec.formats import tiled
+    from sparsec.kernel import index_arrays
+    from sparsec.tc_operands import packed_operands
+
+    inst, _ = tiled.prune(np.random.default_rng(1).standard_normal((70, 130)), sparsity=0.7, dtype=np.float16)
+    k = sparsec.compile("spmm", inst, target="cuda", feat=8)
+    wanted = [p.name for p in k.params if p.role == "index" and p.name not in index_arrays(inst)]
+    assert wanted == ["bitmap", "tile_offsets"]
+    got = packed_operands(inst, wanted)
+    assert all(got[n] is inst.arrays[n] for n in wanted)
+    with pytest.raises(ValueError, match="does not carry"):
+        packed_operands(inst, ["sparsec_nothing"])
