@@ -4,8 +4,8 @@ on the GPU host, then its time beside dense cuBLAS fp16 on an LLM-sized weight.
 
     python3 benchmarks/check_tiled_tc.py [--quick]
 
-Checks: tile shapes 64x64 / 32x64 / 64x128, 16 or 32 columns of B per block, 1 or 4 splits of
-K; weights of odd sizes pruned by magnitude to 50 % and 90 %, one with whole tiles empty and
+Checks: tile shapes 64x64 / 32x64 / 64x128 / 48x48, 16, 32 or 64 columns of B per block, 1, 2 or
+4 splits of K, 1, 8 or 16 loads in flight per thread; weights of odd sizes pruned by magnitude to 50 % and 90 %, one with whole tiles empty and
 explicit zeros (entries whose value is 0), one fully dense; N = 1, 5, 17 and 40 columns. C is
 NaN-poisoned (zeros where splits add atomically). Then the same weights through
 ``sparsec.compile`` (the kernel it picks for float16 SpMM on ``tiled`` / ``tiled:32x128``,
@@ -73,12 +73,13 @@ def main(argv=None) -> int:
 
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
-    configs = [((64, 64), 32, 1), ((64, 64), 16, 4), ((32, 64), 32, 1), ((64, 128), 32, 4)]
+    configs = [((64, 64), 32, 1, 1), ((64, 64), 16, 4, 16), ((32, 64), 32, 1, 8), ((64, 128), 32, 4, 1),
+               ((64, 64), 64, 2, 16), ((48, 48), 16, 1, 16)]
     if args.quick:
         configs = configs[:2]
     rows, bad = [], 0
-    for tile, nb, splits in configs:
-        kernel = tt.build(tile, nb, splits).mod["tiled_spmm"]
+    for tile, nb, splits, loads in configs:
+        kernel = tt.build(tile, nb, splits, loads=loads).mod["tiled_spmm"]
         for name, m in weights(rng):
             inst = convert(m, f"tiled:{tile[0]}x{tile[1]}", dtype=np.float16)
             for N in (1, 5, 17, 40):
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
                 err = float(max_rel_err(got, ref))
                 ok = bool(np.isfinite(got).all() and err < TOL)
                 bad += not ok
-                rows.append({"tile": list(tile), "nb": nb, "splits": splits, "weight": name, "N": N,
+                rows.append({"tile": list(tile), "nb": nb, "splits": splits, "loads": loads, "weight": name, "N": N,
                              "max_rel_err": err, "ok": ok})
                 print(json.dumps(rows[-1]), flush=True)
     # through sparsec.compile: the kernel the compiler picks for float16 SpMM on a tiled
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     # into the first's result)
     import sparsec
 
-    compiled = [None, {"splits": 1, "nb": 16}, {"splits": 4, "nb": 64}]
+    compiled = [None, {"splits": 1, "nb": 16}, {"splits": 4, "nb": 64, "loads": 16}]
     for name, m in weights(rng)[:3] if args.quick else weights(rng):
         for spec in ("tiled", "tiled:32x128"):
             inst = convert(m, spec, dtype=np.float16)
@@ -120,13 +121,14 @@ def main(argv=None) -> int:
     inst, keep = tiled.prune(w, sparsity=0.9)
     B = rng.standard_normal((4096, 16)).astype(np.float16)
     timing = {}
-    for splits in (1, 4, 16):
-        ex = tt.build((64, 64), 16, splits)
+    for splits, loads in ((1, 1), (4, 1), (16, 1), (64, 1), (16, 16), (64, 16)):
+        ex = tt.build((64, 64), 16, splits, loads=loads)
         got, targs = run(ex.mod["tiled_spmm"], inst, B, splits, dev)
         err = float(max_rel_err(got, np.where(keep, w, 0).astype(np.float64) @ B.astype(np.float64)))
         ev = ex.mod.time_evaluator("tiled_spmm", dev, number=50, repeat=5)
-        timing[f"sparsec_splits{splits}_ms"] = float(np.median(ev(*targs).results) * 1e3)  # C accumulates: timing only
-        timing[f"sparsec_splits{splits}_err"] = err
+        key = f"sparsec_splits{splits}_loads{loads}"
+        timing[f"{key}_ms"] = float(np.median(ev(*targs).results) * 1e3)  # C accumulates: timing only
+        timing[f"{key}_err"] = err
         bad += err >= TOL
     Wt, Bt = torch.from_numpy(np.where(keep, w, 0)).cuda(), torch.from_numpy(B).cuda()
     for _ in range(10):

@@ -79,13 +79,14 @@ def tiled_tc_knobs(rows: int, cols: int, tokens: int) -> list:
     columns of B a block takes by the token count, and splits of K from enough blocks for
     two a streaming multiprocessor up to one tile column a split. H200, 4096 x 4096 at 90 %,
     N = 16 (benchmarks/check_tiled_tc.py): splits 1 / 4 / 16 took 0.52 / 0.13 / 0.042 ms, so
-    the split count is swept, not guessed."""
+    the split count is swept, not guessed; each with loads 1 and 16 (values in flight per
+    thread before they are stored)."""
     nb = 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
     blocks = -(-rows // 64) * -(-tokens // nb)
     k_tiles = -(-cols // 64)
     least = int(min(k_tiles, max(1, -(-264 // blocks))))
-    splits = sorted({least, *(s for s in (8, 16, 32, 64) if least < s <= k_tiles)})
-    return [{"tile": (64, 64), "nb": nb, "splits": s} for s in splits]
+    splits = sorted({least, *(s for s in (8, 16, 64) if least < s <= k_tiles)})
+    return [{"tile": (64, 64), "nb": nb, "splits": s, "loads": ld} for s in splits for ld in (1, 16)]
 
 
 def copy_gbps(device: str) -> float:
@@ -166,7 +167,7 @@ def run_case(rows, cols, sparsity, tokens_list, args, timer, gbps):
                 del weights
                 tried.append(row["results"].pop("sparsec_tiled_tc"))
             best = min(tried, key=lambda r: (not r["ok"], r["ms"]))  # a wrong result never wins
-            best["splits_tried"] = [[r["knobs"]["splits"], r["ms"]] for r in tried]
+            best["tried"] = [[r["knobs"]["splits"], r["knobs"]["loads"], r["ms"]] for r in tried]
             row["results"]["sparsec_tiled_tc"] = best
         for fmt in (f for f in args.formats if f != "tiled_tc"):
             inst = t_inst if fmt == "tiled" else convert(t_inst.to_scipy(), fmt, dtype=np.float16)

@@ -420,13 +420,13 @@ def _tiled_prune(program, knobs) -> Optional[str]:
 @transformation(knobs={k: Knob(tuple(v)) for k, v in tiled_tc.KNOBS.items()},
                 resolve=_tiled_resolve,
                 prune=_tiled_prune)
-def tiled_tc_spmm(built, program, *, nb: int, splits: int):
+def tiled_tc_spmm(built, program, *, nb: int, splits: int, loads: int):
     """Build ``schedules.tiled_tensorcore``'s kernel for ``program`` into ``built.mod``, for
     the format's tile shape and any matrix size (a first launch zeroes C where splits add)."""
     from tvm import IRModule
 
     m = match(program, "cuda")
-    built.mod = IRModule({program.name: tiled_tc.spmm(m.tile, nb=nb, splits=splits, name=program.name)})
+    built.mod = IRModule({program.name: tiled_tc.spmm(m.tile, nb=nb, splits=splits, name=program.name, loads=loads)})
 
 
 _TRANSFORMATIONS = {"srbcrs_int8": srbcrs_int8_spmm, "tiled_bitmap": tiled_tc_spmm}

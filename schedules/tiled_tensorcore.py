@@ -33,7 +33,12 @@ SUB = 8  # a subtile is 8 x 8 elements: one 64-bit bitmap word
 PAD = 8  # halves added to every shared row (16 bytes)
 # the knobs, declared once (``schedules.tensorcore_packed`` makes them a transformation's):
 # columns of B a block takes, blocks that share a tile row's K
-KNOBS = {"nb": (16, 32, 48, 64), "splits": (1, 2, 4, 8, 16, 32, 64)}
+# columns of B a block takes, blocks that share a tile row's K, and the global loads a thread
+# issues before it stores them to shared memory (B's slice and the tile's values): at 1 each
+# load's value is stored at once, so the next load waits (a bit test branches around each
+# value's load, and ptxas does not hoist loads over it) and a tile costs a chain of round
+# trips; at 8 or 16 the loads of a batch go out together and their values land in registers
+KNOBS = {"nb": (16, 32, 48, 64), "splits": (1, 2, 4, 8, 16, 32, 64), "loads": (1, 8, 16)}
 
 
 def default_knobs(feat: int) -> dict:
@@ -42,15 +47,18 @@ def default_knobs(feat: int) -> dict:
     up to 32 tokens, 64 splits (a block per tile or two: the unpipelined kernel needs blocks
     in flight more than anything) won or came within 6 % of the best; at 1024 tokens 8 splits
     won 4 of 6 and was within 2 % of the best in the others. Columns of B a block takes:
-    the tokens, rounded up to 16, at most 64."""
+    the tokens, rounded up to 16, at most 64. ``loads`` stays 1, the setting measured so
+    far, until batched loads are measured on the GPU host."""
     feat = max(int(feat), 1)
-    return {"nb": min(64, -(-feat // 16) * 16), "splits": 64 if feat <= 32 else 8}
+    return {"nb": min(64, -(-feat // 16) * 16), "splits": 64 if feat <= 32 else 8, "loads": 1}
 
 
-def check(tile, nb: int, splits: int) -> None:
+def check(tile, nb: int, splits: int, loads: int = 1) -> None:
     """ValueError naming the first argument the kernel cannot take."""
     r, c = tile
-    check_sizes(tile_rows=r, tile_cols=c, nb=nb, splits=splits)
+    check_sizes(tile_rows=r, tile_cols=c, nb=nb, splits=splits, loads=loads)
+    if loads not in KNOBS["loads"]:
+        raise ValueError(f"loads should be one of {KNOBS['loads']} (global loads a thread keeps in flight), got {loads}")
     if r % 16 or r > 128:
         raise ValueError(f"tile rows should be a multiple of 16 up to 128 (one warp per 16 rows), got {r}")
     if c % 16 or c > 256:
@@ -59,7 +67,7 @@ def check(tile, nb: int, splits: int) -> None:
         raise ValueError(f"nb should be 16, 32, 48 or 64 (two 8-column MMA tiles per ldmatrix.x4.trans), got {nb}")
 
 
-def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm"):
+def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm", loads: int = 1):
     """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
     subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
     ``formats.tiled`` stores them; B (K, N) float16; C (M, N) float32. M, K and N are read
@@ -69,13 +77,15 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
     from tvm.script import tirx as T
 
     TR, TC = (int(t) for t in tile)
-    check((TR, TC), nb, splits)
+    check((TR, TC), nb, splits, loads)
     warps = TR // 16
     threads = warps * 32
     subs = (TR // SUB) * (TC // SUB)
     pa, pb = TC + PAD, nb + PAD
     nt = nb // 8
     per_lane = (subs + 31) // 32  # subtile words a lane of warp 0 sums for the scan
+    b_each, a_each = -(-TC * nb // threads), TR * TC // threads  # B and A elements a thread moves a tile
+    b_batch, a_batch = min(loads, b_each), min(loads, a_each)
     ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
     ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
     mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
@@ -120,6 +130,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
         start = T.alloc_buffer((1,), "int32", scope="local")
         part = T.alloc_buffer((1,), "int32", scope="local")
         up = T.alloc_buffer((1,), "int32", scope="local")
+        held = T.alloc_buffer((max(b_batch, a_batch),), "float16", scope="local")
         tid = T.meta_var(ty * 32 + tx)
         go = T.meta_var(bx // (splits * nch))
         s = T.meta_var(bx // nch % splits)
@@ -148,26 +159,57 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
                     if tx * per_lane + q < subs:
                         So[tx * per_lane + q] = start[0]
                         start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
-            for i in range((TC * nb + threads - 1) // threads):
-                e = i * threads + tid
-                if e < TC * nb:
-                    k = gc * TC + e // nb
-                    n = n0 + e % nb
-                    Bs[e // nb * pb + e % nb] = T.if_then_else(T.And(k < K, n < N),
-                                                               B[T.min(k, K - 1), T.min(n, N - 1)], T.float16(0))
-            T.tvm_storage_sync("shared")
-            for i in range(TR * TC // threads):
-                e = i * threads + tid
-                sub = e // 64
-                bit = e % 64
-                word = Ws[sub]
-                r = sub // (TC // SUB) * SUB + bit // SUB
-                c = sub % (TC // SUB) * SUB + bit % SUB
-                below = T.bitwise_and(word, T.shift_left(T.uint64(1), T.Cast("uint64", bit)) - T.uint64(1))
-                As[r * pa + c] = T.if_then_else(
-                    T.bitwise_and(T.shift_right(word, T.Cast("uint64", bit)), T.uint64(1)) != T.uint64(0),
-                    values[T.min(So[sub] + T.call_extern("int32", "__popcll", below), nnz - 1)], T.float16(0))
-            T.tvm_storage_sync("shared")
+            if loads == 1:  # each load's value stored at once (the kernel measured on the H200)
+                for i in range((TC * nb + threads - 1) // threads):
+                    e = i * threads + tid
+                    if e < TC * nb:
+                        k = gc * TC + e // nb
+                        n = n0 + e % nb
+                        Bs[e // nb * pb + e % nb] = T.if_then_else(T.And(k < K, n < N),
+                                                                   B[T.min(k, K - 1), T.min(n, N - 1)], T.float16(0))
+                T.tvm_storage_sync("shared")
+                for i in range(TR * TC // threads):
+                    e = i * threads + tid
+                    sub = e // 64
+                    bit = e % 64
+                    word = Ws[sub]
+                    r = sub // (TC // SUB) * SUB + bit // SUB
+                    c = sub % (TC // SUB) * SUB + bit % SUB
+                    below = T.bitwise_and(word, T.shift_left(T.uint64(1), T.Cast("uint64", bit)) - T.uint64(1))
+                    As[r * pa + c] = T.if_then_else(
+                        T.bitwise_and(T.shift_right(word, T.Cast("uint64", bit)), T.uint64(1)) != T.uint64(0),
+                        values[T.min(So[sub] + T.call_extern("int32", "__popcll", below), nnz - 1)], T.float16(0))
+                T.tvm_storage_sync("shared")
+            else:
+                for i0 in range(-(-b_each // b_batch)):  # B's slice: a batch of loads, then their stores
+                    for u in T.unroll(b_batch):
+                        e = (i0 * b_batch + u) * threads + tid
+                        k = gc * TC + e // nb
+                        n = n0 + e % nb
+                        held[u] = T.if_then_else(T.And(T.And(e < TC * nb, k < K), n < N),
+                                                 B[T.min(k, K - 1), T.min(n, N - 1)], T.float16(0))
+                    for u in T.unroll(b_batch):
+                        e = (i0 * b_batch + u) * threads + tid
+                        if e < TC * nb:
+                            Bs[e // nb * pb + e % nb] = held[u]
+                T.tvm_storage_sync("shared")
+                for i0 in range(-(-a_each // a_batch)):  # the tile, expanded: a batch of value loads, then stores
+                    for u in T.unroll(a_batch):
+                        e = (i0 * a_batch + u) * threads + tid
+                        sub = T.min(e // 64, subs - 1)  # past the tile (a last, partial batch): read, not stored
+                        bit = e % 64
+                        word = Ws[sub]
+                        below = T.bitwise_and(word, T.shift_left(T.uint64(1), T.Cast("uint64", bit)) - T.uint64(1))
+                        held[u] = T.if_then_else(
+                            T.bitwise_and(T.shift_right(word, T.Cast("uint64", bit)), T.uint64(1)) != T.uint64(0),
+                            values[T.min(So[sub] + T.call_extern("int32", "__popcll", below), nnz - 1)], T.float16(0))
+                    for u in T.unroll(a_batch):
+                        e = (i0 * a_batch + u) * threads + tid
+                        sub = e // 64
+                        bit = e % 64
+                        if e < TR * TC:
+                            As[(sub // (TC // SUB) * SUB + bit // SUB) * pa + sub % (TC // SUB) * SUB + bit % SUB] = held[u]
+                T.tvm_storage_sync("shared")
             for j in range(TC // 16):
                 ldm(af[0], af[1], af[2], af[3],
                     As.access_ptr("r", offset=(ty * 16 + tx % 16) * pa + j * 16 + tx // 16 * 8, extent=8))
@@ -195,6 +237,6 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm")
     return tiled_spmm
 
 
-def build(tile=(64, 64), nb: int = 32, splits: int = 1, arch: str = "sm_90a"):
+def build(tile=(64, 64), nb: int = 32, splits: int = 1, arch: str = "sm_90a", loads: int = 1):
     """The compiled module (TVM executable) of :func:`spmm` for ``arch``."""
-    return compile_for(spmm(tile, nb, splits), arch)
+    return compile_for(spmm(tile, nb, splits, loads=loads), arch)
