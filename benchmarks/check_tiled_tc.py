@@ -5,7 +5,7 @@ on the GPU host, then its time beside dense cuBLAS fp16 on an LLM-sized weight.
     python3 benchmarks/check_tiled_tc.py [--quick]
 
 Checks: tile shapes 64x64 / 32x64 / 64x128 / 48x48, 16, 32 or 64 columns of B per block, 1, 2 or
-4 splits of K, 1, 8 or 16 loads in flight per thread; weights of odd sizes pruned by magnitude to 50 % and 90 %, one with whole tiles empty and
+4 splits of K, 1, 8 or 16 loads in flight per thread, and the staged kernel (pipeline 1 / 2); weights of odd sizes pruned by magnitude to 50 % and 90 %, one with whole tiles empty and
 explicit zeros (entries whose value is 0), one fully dense; N = 1, 5, 17 and 40 columns. C is
 NaN-poisoned (zeros where splits add atomically). Then the same weights through
 ``sparsec.compile`` (the kernel it picks for float16 SpMM on ``tiled`` / ``tiled:32x128``,
@@ -49,6 +49,15 @@ def weights(rng):
     return out
 
 
+def build(tile, nb, splits, loads, pipeline):
+    """The kernel module for these knobs: ``tiled_tensorcore`` (pipeline 0) or its staged
+    variant."""
+    from sparsec.schedules import tiled_tensorcore as tt
+    from sparsec.schedules import tiled_tensorcore_staged as ts
+
+    return ts.build(tile, nb, splits, pipeline) if pipeline else tt.build(tile, nb, splits, loads=loads)
+
+
 def run(kernel, inst, B, splits, dev):
     import tvm
 
@@ -69,17 +78,17 @@ def main(argv=None) -> int:
 
     from sparsec.formats import convert, tiled
     from sparsec.reference import max_rel_err
-    from sparsec.schedules import tiled_tensorcore as tt
-
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
-    configs = [((64, 64), 32, 1, 1), ((64, 64), 16, 4, 16), ((32, 64), 32, 1, 8), ((64, 128), 32, 4, 1),
-               ((64, 64), 64, 2, 16), ((48, 48), 16, 1, 16)]
+    # (tile, nb, splits, loads, pipeline): pipeline 1 / 2 is tiled_tensorcore_staged's kernel
+    configs = [((64, 64), 32, 1, 1, 0), ((64, 64), 16, 4, 16, 0), ((32, 64), 32, 1, 8, 0), ((64, 128), 32, 4, 1, 0),
+               ((64, 64), 64, 2, 16, 0), ((48, 48), 16, 1, 16, 0), ((64, 64), 16, 4, 1, 2), ((64, 64), 32, 1, 1, 1),
+               ((32, 128), 16, 2, 1, 2), ((48, 48), 64, 1, 1, 2)]
     if args.quick:
-        configs = configs[:2]
+        configs = configs[:2] + configs[6:7]
     rows, bad = [], 0
-    for tile, nb, splits, loads in configs:
-        kernel = tt.build(tile, nb, splits, loads=loads).mod["tiled_spmm"]
+    for tile, nb, splits, loads, pipeline in configs:
+        kernel = build(tile, nb, splits, loads, pipeline).mod["tiled_spmm"]
         for name, m in weights(rng):
             inst = convert(m, f"tiled:{tile[0]}x{tile[1]}", dtype=np.float16)
             for N in (1, 5, 17, 40):
@@ -89,7 +98,8 @@ def main(argv=None) -> int:
                 err = float(max_rel_err(got, ref))
                 ok = bool(np.isfinite(got).all() and err < TOL)
                 bad += not ok
-                rows.append({"tile": list(tile), "nb": nb, "splits": splits, "loads": loads, "weight": name, "N": N,
+                rows.append({"tile": list(tile), "nb": nb, "splits": splits, "loads": loads, "pipeline": pipeline,
+                             "weight": name, "N": N,
                              "max_rel_err": err, "ok": ok})
                 print(json.dumps(rows[-1]), flush=True)
     # through sparsec.compile: the kernel the compiler picks for float16 SpMM on a tiled
@@ -98,7 +108,8 @@ def main(argv=None) -> int:
     # into the first's result)
     import sparsec
 
-    compiled = [None, {"splits": 1, "nb": 16}, {"splits": 4, "nb": 64, "loads": 16}]
+    compiled = [None, {"splits": 1, "nb": 16}, {"splits": 4, "nb": 64, "loads": 16}, {"pipeline": 2},
+                {"pipeline": 1, "splits": 1}]
     for name, m in weights(rng)[:3] if args.quick else weights(rng):
         for spec in ("tiled", "tiled:32x128"):
             inst = convert(m, spec, dtype=np.float16)
@@ -121,12 +132,13 @@ def main(argv=None) -> int:
     inst, keep = tiled.prune(w, sparsity=0.9)
     B = rng.standard_normal((4096, 16)).astype(np.float16)
     timing = {}
-    for splits, loads in ((1, 1), (4, 1), (16, 1), (64, 1), (16, 16), (64, 16)):
-        ex = tt.build((64, 64), 16, splits, loads=loads)
+    for splits, loads, pipeline in ((4, 1, 0), (16, 1, 0), (64, 1, 0), (16, 16, 0), (64, 16, 0), (16, 1, 2),
+                                    (64, 1, 2), (64, 1, 1)):
+        ex = build((64, 64), 16, splits, loads, pipeline)
         got, targs = run(ex.mod["tiled_spmm"], inst, B, splits, dev)
         err = float(max_rel_err(got, np.where(keep, w, 0).astype(np.float64) @ B.astype(np.float64)))
         ev = ex.mod.time_evaluator("tiled_spmm", dev, number=50, repeat=5)
-        key = f"sparsec_splits{splits}_loads{loads}"
+        key = f"sparsec_splits{splits}_loads{loads}_pipeline{pipeline}"
         timing[f"{key}_ms"] = float(np.median(ev(*targs).results) * 1e3)  # C accumulates: timing only
         timing[f"{key}_err"] = err
         bad += err >= TOL

@@ -57,9 +57,16 @@ def tiled_tc_calls(inst, x, copies: int, kw: dict):
 
     from sparsec.kernel import on_torch_stream
     from sparsec.schedules import tiled_tensorcore as tt
+    from sparsec.schedules import tiled_tensorcore_staged as ts
 
     dev = tvm.cuda(0)
-    fn = tt.build(**kw).mod["tiled_spmm"]
+    kw = dict(kw)
+    pipeline = kw.pop("pipeline", 0)
+    if pipeline:
+        kw.pop("loads", None)
+        fn = ts.build(**kw, pipeline=pipeline).mod["tiled_spmm"]
+    else:
+        fn = tt.build(**kw).mod["tiled_spmm"]
     B = tvm.runtime.tensor(x, dev)
     C = tvm.runtime.tensor(np.zeros((inst.shape[0], x.shape[1]), np.float32), dev)
     weights = [[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in
@@ -80,13 +87,14 @@ def tiled_tc_knobs(rows: int, cols: int, tokens: int) -> list:
     two a streaming multiprocessor up to one tile column a split. H200, 4096 x 4096 at 90 %,
     N = 16 (benchmarks/check_tiled_tc.py): splits 1 / 4 / 16 took 0.52 / 0.13 / 0.042 ms, so
     the split count is swept, not guessed; each with loads 1 and 16 (values in flight per
-    thread before they are stored)."""
+    thread before they are stored) and with the staged kernel a tile ahead (pipeline 2)."""
     nb = 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
     blocks = -(-rows // 64) * -(-tokens // nb)
     k_tiles = -(-cols // 64)
     least = int(min(k_tiles, max(1, -(-264 // blocks))))
     splits = sorted({least, *(s for s in (8, 16, 64) if least < s <= k_tiles)})
-    return [{"tile": (64, 64), "nb": nb, "splits": s, "loads": ld} for s in splits for ld in (1, 16)]
+    return [{"tile": (64, 64), "nb": nb, "splits": s, "loads": ld, "pipeline": pl} for s in splits
+            for ld, pl in ((1, 0), (16, 0), (1, 2))]
 
 
 def copy_gbps(device: str) -> float:
@@ -167,7 +175,7 @@ def run_case(rows, cols, sparsity, tokens_list, args, timer, gbps):
                 del weights
                 tried.append(row["results"].pop("sparsec_tiled_tc"))
             best = min(tried, key=lambda r: (not r["ok"], r["ms"]))  # a wrong result never wins
-            best["tried"] = [[r["knobs"]["splits"], r["knobs"]["loads"], r["ms"]] for r in tried]
+            best["tried"] = [[r["knobs"]["splits"], r["knobs"]["loads"], r["knobs"]["pipeline"], r["ms"]] for r in tried]
             row["results"]["sparsec_tiled_tc"] = best
         for fmt in (f for f in args.formats if f != "tiled_tc"):
             inst = t_inst if fmt == "tiled" else convert(t_inst.to_scipy(), fmt, dtype=np.float16)

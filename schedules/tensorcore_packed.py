@@ -33,6 +33,7 @@ from typing import Optional, Tuple
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
 from . import tiled_tensorcore as tiled_tc
+from . import tiled_tensorcore_staged as tiled_staged
 from .knobs import ANY, Knob, check_applicable, transformation
 
 # the packed operands each layout passes, in the kernel's argument order: (name, dtype)
@@ -420,13 +421,18 @@ def _tiled_prune(program, knobs) -> Optional[str]:
 @transformation(knobs={k: Knob(tuple(v)) for k, v in tiled_tc.KNOBS.items()},
                 resolve=_tiled_resolve,
                 prune=_tiled_prune)
-def tiled_tc_spmm(built, program, *, nb: int, splits: int, loads: int):
-    """Build ``schedules.tiled_tensorcore``'s kernel for ``program`` into ``built.mod``, for
-    the format's tile shape and any matrix size (a first launch zeroes C where splits add)."""
+def tiled_tc_spmm(built, program, *, nb: int, splits: int, loads: int, pipeline: int):
+    """Build ``schedules.tiled_tensorcore``'s kernel (``pipeline`` 0) or
+    ``tiled_tensorcore_staged``'s (1, 2) for ``program`` into ``built.mod``, for the format's
+    tile shape and any matrix size (a first launch zeroes C where splits add)."""
     from tvm import IRModule
 
     m = match(program, "cuda")
-    built.mod = IRModule({program.name: tiled_tc.spmm(m.tile, nb=nb, splits=splits, name=program.name, loads=loads)})
+    if pipeline:
+        func = tiled_staged.spmm(m.tile, nb=nb, splits=splits, pipeline=pipeline, name=program.name)
+    else:
+        func = tiled_tc.spmm(m.tile, nb=nb, splits=splits, name=program.name, loads=loads)
+    built.mod = IRModule({program.name: func})
 
 
 _TRANSFORMATIONS = {"srbcrs_int8": srbcrs_int8_spmm, "tiled_bitmap": tiled_tc_spmm}

@@ -32,13 +32,14 @@ from .warp_mma import check_sizes, compile_for
 SUB = 8  # a subtile is 8 x 8 elements: one 64-bit bitmap word
 PAD = 8  # halves added to every shared row (16 bytes)
 # the knobs, declared once (``schedules.tensorcore_packed`` makes them a transformation's):
-# columns of B a block takes, blocks that share a tile row's K
 # columns of B a block takes, blocks that share a tile row's K, and the global loads a thread
 # issues before it stores them to shared memory (B's slice and the tile's values): at 1 each
 # load's value is stored at once, so the next load waits (a bit test branches around each
 # value's load, and ptxas does not hoist loads over it) and a tile costs a chain of round
-# trips; at 8 or 16 the loads of a batch go out together and their values land in registers
-KNOBS = {"nb": (16, 32, 48, 64), "splits": (1, 2, 4, 8, 16, 32, 64), "loads": (1, 8, 16)}
+# trips; at 8 or 16 the loads of a batch go out together and their values land in registers.
+# ``pipeline`` 1 and 2 are ``tiled_tensorcore_staged``'s kernel (a tile's bytes staged in one
+# round trip; 2: a tile ahead), where ``loads`` does not apply
+KNOBS = {"nb": (16, 32, 48, 64), "splits": (1, 2, 4, 8, 16, 32, 64), "loads": (1, 8, 16), "pipeline": (0, 1, 2)}
 
 
 def default_knobs(feat: int) -> dict:
@@ -47,18 +48,21 @@ def default_knobs(feat: int) -> dict:
     up to 32 tokens, 64 splits (a block per tile or two: the unpipelined kernel needs blocks
     in flight more than anything) won or came within 6 % of the best; at 1024 tokens 8 splits
     won 4 of 6 and was within 2 % of the best in the others. Columns of B a block takes:
-    the tokens, rounded up to 16, at most 64. ``loads`` stays 1, the setting measured so
-    far, until batched loads are measured on the GPU host."""
+    the tokens, rounded up to 16, at most 64. ``loads`` 1 and ``pipeline`` 0, the settings
+    measured so far, until the batched and staged kernels are measured on the GPU host."""
     feat = max(int(feat), 1)
-    return {"nb": min(64, -(-feat // 16) * 16), "splits": 64 if feat <= 32 else 8, "loads": 1}
+    return {"nb": min(64, -(-feat // 16) * 16), "splits": 64 if feat <= 32 else 8, "loads": 1, "pipeline": 0}
 
 
-def check(tile, nb: int, splits: int, loads: int = 1) -> None:
+def check(tile, nb: int, splits: int, loads: int = 1, pipeline: int = 0) -> None:
     """ValueError naming the first argument the kernel cannot take."""
     r, c = tile
     check_sizes(tile_rows=r, tile_cols=c, nb=nb, splits=splits, loads=loads)
     if loads not in KNOBS["loads"]:
         raise ValueError(f"loads should be one of {KNOBS['loads']} (global loads a thread keeps in flight), got {loads}")
+    if pipeline not in KNOBS["pipeline"]:
+        raise ValueError(f"pipeline should be one of {KNOBS['pipeline']} (0: loads into place, 1: a tile's bytes "
+                         f"staged, 2: staged a tile ahead), got {pipeline!r}")
     if r % 16 or r > 128:
         raise ValueError(f"tile rows should be a multiple of 16 up to 128 (one warp per 16 rows), got {r}")
     if c % 16 or c > 256:

@@ -44,6 +44,39 @@ def test_batched_loads_go_out_before_their_stores():
     assert max(n for op, n in runs(1) if op.startswith("ld")) == 1
 
 
+@pytest.mark.parametrize("tile, nb, splits, pipeline", [((64, 64), 16, 64, 2), ((48, 48), 32, 4, 1),
+                                                      ((32, 128), 16, 1, 2)])
+def test_staged_kernel_moves_a_tiles_bytes_in_one_batch_and_expands_from_shared(tile, nb, splits, pipeline):
+    """pipeline 1 / 2 (schedules/tiled_tensorcore_staged.py): a thread's loads of the tile's
+    value range (TR * TC / threads of them, predicated) go out back to back, and the
+    expansion reads the values from shared memory; the compiled kernel is the one
+    sparsec.compile builds for knobs={"pipeline": ...}."""
+    import re
+
+    import numpy as np
+
+    import sparsec
+    from nvcc_tools import nvcc_ptx
+    from sparsec.formats import tiled
+    from sparsec.schedules import tiled_tensorcore_staged as ts
+
+    src = cuda_source(ts.build(tile, nb, splits, pipeline))
+    assert ("atomicAdd" in src) == (splits > 1) and src.count("__global__") // 2 == (2 if splits > 1 else 1)
+    ptx = nvcc_ptx(src, "sm_90a")
+    body = ptx[ptx.index("tiled_spmm_kernel_1(" if splits > 1 else "tiled_spmm_kernel("):]
+    ops = re.findall(r"ld\.global\.nc\.u16|st\.shared\.u16|bar\.sync|ld\.shared\.u16", body)
+    runs, run = [], 0  # back-to-back global loads, cut by any shared access or barrier
+    for op in ops:
+        run = run + 1 if op.startswith("ld.global") else 0
+        runs.append(run)
+    assert max(runs) >= tile[0] * tile[1] // (tile[0] // 16 * 32)  # the value range: TR * TC / threads
+    assert "ld.shared.u16" in ops and "mma.sync.aligned.m16n8k16" in ptx
+    inst, _ = tiled.prune(np.random.default_rng(2).standard_normal((90, 100)), sparsity=0.8, tile=tile,
+                          dtype=np.float16)
+    k = sparsec.compile("spmm", inst, target="cuda", feat=nb, knobs={"pipeline": pipeline, "splits": splits})
+    assert k.knobs["pipeline"] == pipeline and "Vs" in k.source()
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"loads": 4}, "loads should be one of"),
     ({"tile": (24, 64)}, "tile rows should be a multiple of 16"),
@@ -111,8 +144,8 @@ def test_knobs_are_declared_once_and_refused_by_name():
     from sparsec.schedules.tensorcore_packed import tiled_tc_spmm
 
     assert set(tiled_tc_spmm.knobs) == set(tt.KNOBS)
-    assert tt.default_knobs(1) == {"nb": 16, "splits": 64, "loads": 1}
-    assert tt.default_knobs(1024) == {"nb": 64, "splits": 8, "loads": 1}
+    assert tt.default_knobs(1) == {"nb": 16, "splits": 64, "loads": 1, "pipeline": 0}
+    assert tt.default_knobs(1024) == {"nb": 64, "splits": 8, "loads": 1, "pipeline": 0}
     inst, _ = tiled.prune(np.ones((64, 64), np.float16), sparsity=0.5)
     with pytest.raises(ValueError, match="splits"):
         sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"splits": 3})
