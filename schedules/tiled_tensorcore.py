@@ -27,6 +27,8 @@ cuBLAS at 4096 x 4096, 90 %, 16 tokens; ``benchmarks/results/unstructured_quick_
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from .warp_mma import check_sizes, compile_for
 
 SUB = 8  # a subtile is 8 x 8 elements: one 64-bit bitmap word
@@ -71,6 +73,59 @@ def check(tile, nb: int, splits: int, loads: int = 1, pipeline: int = 0) -> None
         raise ValueError(f"nb should be 16, 32, 48 or 64 (two 8-column MMA tiles per ldmatrix.x4.trans), got {nb}")
 
 
+def shared_steps(TR: int, TC: int, nb: int, splits: int) -> SimpleNamespace:
+    """The TVMScript macros both tiled kernels (this one and ``tiled_tensorcore_staged``)
+    share: ``zero_c`` (C to zero, a launch of its own, where splits add into it),
+    ``multiply`` (per 16-deep k-step of the expanded tile: ldmatrix A and B, mma into the
+    accumulators) and ``write_c`` (the accumulators into C: stored, or added where K is
+    split)."""
+    from tvm.script import tirx as T
+
+    pa, pb, nt = TC + PAD, nb + PAD, nb // 8
+    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
+    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
+    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+
+    @T.macro
+    def zero_c(C, M, N):
+        if splits > 1:  # the splits add into C: it starts at zero (a launch of its own)
+            with T.launch_thread("blockIdx.x", T.max(M, 1)) as zr:
+                with T.launch_thread("threadIdx.x", 128) as zc:
+                    for zi in range((N + 127) // 128):
+                        if zr < M and zi * 128 + zc < N:
+                            C[zr, zi * 128 + zc] = T.float32(0)
+
+    @T.macro
+    def multiply(As, Bs, af, bf, acc, ty, tx):
+        for j in range(TC // 16):
+            ldm(af[0], af[1], af[2], af[3],
+                As.access_ptr("r", offset=(ty * 16 + tx % 16) * pa + j * 16 + tx // 16 * 8, extent=8))
+            for p in T.unroll(nt // 2):
+                ldm_t(bf[p * 4], bf[p * 4 + 1], bf[p * 4 + 2], bf[p * 4 + 3],
+                      Bs.access_ptr("r", offset=(j * 16 + tx % 16) * pb + p * 16 + tx // 16 * 8, extent=8))
+            for n in T.unroll(nt):
+                mma(acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3],
+                    af[0], af[1], af[2], af[3],
+                    bf[n // 2 * 4 + n % 2 * 2], bf[n // 2 * 4 + n % 2 * 2 + 1],
+                    acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3])
+
+    @T.macro
+    def write_c(C, acc, go, n0, ty, tx):
+        for n in T.unroll(nt):
+            for h in T.unroll(2):
+                for e in T.unroll(2):
+                    row = go * TR + ty * 16 + tx // 4 + h * 8
+                    col = n0 + n * 8 + tx % 4 * 2 + e
+                    if row < C.shape[0] and col < C.shape[1]:
+                        if splits == 1:
+                            C[row, col] = acc[n * 4 + h * 2 + e]
+                        else:
+                            T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[row, col]),
+                                                     acc[n * 4 + h * 2 + e]))
+
+    return SimpleNamespace(zero_c=zero_c, multiply=multiply, write_c=write_c)
+
+
 def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm", loads: int = 1):
     """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
     subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
@@ -90,9 +145,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
     per_lane = (subs + 31) // 32  # subtile words a lane of warp 0 sums for the scan
     b_each, a_each = -(-TC * nb // threads), TR * TC // threads  # B and A elements a thread moves a tile
     b_batch, a_batch = min(loads, b_each), min(loads, a_each)
-    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
-    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
-    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    steps = shared_steps(TR, TC, nb, splits)
 
     @T.prim_func(s_tir=True)
     def tiled_spmm(w_h: T.handle, o_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
@@ -108,12 +161,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
         values = T.match_buffer(v_h, (nnz,), "float16")
         B = T.match_buffer(b_h, (K, N), "float16")
         C = T.match_buffer(c_h, (M, N), "float32")
-        if splits > 1:  # the splits add into C: it starts at zero (a launch of its own)
-            with T.launch_thread("blockIdx.x", T.max(M, 1)) as zr:
-                with T.launch_thread("threadIdx.x", 128) as zc:
-                    for zi in range((N + 127) // 128):
-                        if zr < M and zi * 128 + zc < N:
-                            C[zr, zi * 128 + zc] = T.float32(0)
+        steps.zero_c(C, M, N)
         ngo = T.meta_var((M + TR - 1) // TR)
         ngc = T.meta_var((K + TC - 1) // TC)
         nch = T.meta_var((N + nb - 1) // nb)
@@ -214,29 +262,9 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
                         if e < TR * TC:
                             As[(sub // (TC // SUB) * SUB + bit // SUB) * pa + sub % (TC // SUB) * SUB + bit % SUB] = held[u]
                 T.tvm_storage_sync("shared")
-            for j in range(TC // 16):
-                ldm(af[0], af[1], af[2], af[3],
-                    As.access_ptr("r", offset=(ty * 16 + tx % 16) * pa + j * 16 + tx // 16 * 8, extent=8))
-                for p in T.unroll(nt // 2):
-                    ldm_t(bf[p * 4], bf[p * 4 + 1], bf[p * 4 + 2], bf[p * 4 + 3],
-                          Bs.access_ptr("r", offset=(j * 16 + tx % 16) * pb + p * 16 + tx // 16 * 8, extent=8))
-                for n in T.unroll(nt):
-                    mma(acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3],
-                        af[0], af[1], af[2], af[3],
-                        bf[n // 2 * 4 + n % 2 * 2], bf[n // 2 * 4 + n % 2 * 2 + 1],
-                        acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3])
+            steps.multiply(As, Bs, af, bf, acc, ty, tx)
             T.tvm_storage_sync("shared")
-        for n in T.unroll(nt):
-            for h in T.unroll(2):
-                for e in T.unroll(2):
-                    row = go * TR + ty * 16 + tx // 4 + h * 8
-                    col = n0 + n * 8 + tx % 4 * 2 + e
-                    if row < M and col < N:
-                        if splits == 1:
-                            C[row, col] = acc[n * 4 + h * 2 + e]
-                        else:
-                            T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[row, col]),
-                                                     acc[n * 4 + h * 2 + e]))
+        steps.write_c(C, acc, go, n0, ty, tx)
 
     return tiled_spmm
 

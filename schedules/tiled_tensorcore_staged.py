@@ -15,7 +15,7 @@ Block layout, split-K and the MMA step are ``tiled_tensorcore``'s.
 """
 from __future__ import annotations
 
-from .tiled_tensorcore import PAD, SUB, check
+from .tiled_tensorcore import PAD, SUB, check, shared_steps
 from .warp_mma import compile_for
 
 
@@ -39,9 +39,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
     per_lane = (subs + 31) // 32
     w_each, v_each, b_each = -(-subs // threads), -(-cap // threads), -(-TC * nb // threads)
     pairs = cap // 2 // threads  # bit pairs a thread expands per tile
-    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
-    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
-    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    steps = shared_steps(TR, TC, nb, splits)
 
     @T.macro
     def value_range(oc, offsets, base, gi, cnt, lo, hi):
@@ -119,22 +117,6 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
             As[row * pa + col] = T.if_then_else(bit0 != 0, Vs[T.min(at, cap - 1)], T.float16(0))
             As[row * pa + col + 1] = T.if_then_else(bit1 != 0, Vs[T.min(at + bit0, cap - 1)], T.float16(0))
 
-    @T.macro
-    def multiply(As, Bs, af, bf, acc, ty, tx):
-        """Per 16-deep k-step: ldmatrix A and B, mma into the accumulators."""
-        for j in range(TC // 16):
-            ldm(af[0], af[1], af[2], af[3],
-                As.access_ptr("r", offset=(ty * 16 + tx % 16) * pa + j * 16 + tx // 16 * 8, extent=8))
-            for p in T.unroll(nt // 2):
-                ldm_t(bf[p * 4], bf[p * 4 + 1], bf[p * 4 + 2], bf[p * 4 + 3],
-                      Bs.access_ptr("r", offset=(j * 16 + tx % 16) * pb + p * 16 + tx // 16 * 8, extent=8))
-            for n in T.unroll(nt):
-                mma(acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3],
-                    af[0], af[1], af[2], af[3],
-                    bf[n // 2 * 4 + n % 2 * 2], bf[n // 2 * 4 + n % 2 * 2 + 1],
-                    acc[n * 4], acc[n * 4 + 1], acc[n * 4 + 2], acc[n * 4 + 3])
-
-
     @T.prim_func(s_tir=True)
     def tiled_spmm(w_h: T.handle, o_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
         T.func_attr({"global_symbol": name, "tirx.noalias": True})
@@ -149,12 +131,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
         values = T.match_buffer(v_h, (nnz,), "float16")
         B = T.match_buffer(b_h, (K, N), "float16")
         C = T.match_buffer(c_h, (M, N), "float32")
-        if splits > 1:  # the splits add into C: it starts at zero (a launch of its own)
-            with T.launch_thread("blockIdx.x", T.max(M, 1)) as zr:
-                with T.launch_thread("threadIdx.x", 128) as zc:
-                    for zi in range((N + 127) // 128):
-                        if zr < M and zi * 128 + zc < N:
-                            C[zr, zi * 128 + zc] = T.float32(0)
+        steps.zero_c(C, M, N)
         ngo = T.meta_var((M + TR - 1) // TR)
         ngc = T.meta_var((K + TC - 1) // TC)
         nch = T.meta_var((N + nb - 1) // nb)
@@ -202,7 +179,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
                 value_range(oc, offsets, go * ngc + g0, gi + 2, cnt, 0, 1)
             expand(As, Ws, So, Vs, tid)
             T.tvm_storage_sync("shared")
-            multiply(As, Bs, af, bf, acc, ty, tx)
+            steps.multiply(As, Bs, af, bf, acc, ty, tx)
             T.tvm_storage_sync("shared")
             if not prefetch:
                 issue(rw, rv, rb, words, values, B, go * ngc + g0, g0, n0, gi + 1, cnt, oc[2], oc[3], tid)
@@ -211,17 +188,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
             oc[2] = oc[0]
             oc[3] = oc[1]
             T.tvm_storage_sync("shared")
-        for n in T.unroll(nt):
-            for h in T.unroll(2):
-                for e in T.unroll(2):
-                    row = go * TR + ty * 16 + tx // 4 + h * 8
-                    col = n0 + n * 8 + tx % 4 * 2 + e
-                    if row < M and col < N:
-                        if splits == 1:
-                            C[row, col] = acc[n * 4 + h * 2 + e]
-                        else:
-                            T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[row, col]),
-                                                     acc[n * 4 + h * 2 + e]))
+        steps.write_c(C, acc, go, n0, ty, tx)
 
     return tiled_spmm
 
