@@ -9,7 +9,8 @@ Checks: tile shapes 64x64 / 32x64 / 64x128 / 48x48, 16, 32 or 64 columns of B pe
 explicit zeros (entries whose value is 0), one fully dense; N = 1, 5, 17 and 40 columns. C is
 NaN-poisoned (zeros where splits add atomically). Then the same weights through
 ``sparsec.compile`` (the kernel it picks for float16 SpMM on ``tiled`` / ``tiled:32x128``,
-default knobs and two others, N = 1, 17, 64, a NaN-poisoned output, two calls). Then 4096 x 4096 at 90 % and N = 16 against
+default knobs and four others, N = 1, 17, 64, a NaN-poisoned output, two calls), and empty
+weights (no rows, no columns). Then 4096 x 4096 at 90 % and N = 16 against
 ``torch.mm`` on the same pruned weight (CUDA events, median of 50 after warm-up). Writes
 ``$OUT/check_tiled_tc.json``; exits 1 on any wrong result.
 """
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
                              "max_rel_err": err, "ok": ok})
                 print(json.dumps(rows[-1]), flush=True)
     # through sparsec.compile: the kernel the compiler picks for float16 SpMM on a tiled
-    # matrix, with its default knobs and two others, on a NaN-poisoned output (the split-K
+    # matrix, with its default knobs and four others, on a NaN-poisoned output (the split-K
     # kernels zero it in their first launch), called twice (the second call must not add
     # into the first's result)
     import sparsec
@@ -125,6 +126,18 @@ def main(argv=None) -> int:
                     rows.append({"compiled": spec, "knobs": k.knobs, "weight": name, "N": N, "max_rel_err": err,
                                  "ok": ok})
                     print(json.dumps(rows[-1]), flush=True)
+    # empty weights: no rows (the grid's one block has no tile row to read) and no columns
+    # (C must come back as zeros, poisoned output and all)
+    for shape in ((0, 100), (70, 0)):
+        inst = convert(sp.csr_matrix(shape, dtype=np.float32), "tiled", dtype=np.float16)
+        B = np.ones((shape[1], 17), np.float16)
+        for knobs in compiled:
+            got = sparsec.compile("spmm", inst, target="cuda", feat=17, knobs=knobs)(inst, B, poison=True)
+            ok = bool(got.shape == (shape[0], 17) and np.all(got == 0))
+            bad += not ok
+            rows.append({"compiled": "tiled", "knobs": knobs, "weight": f"empty {shape[0]}x{shape[1]}", "N": 17,
+                         "max_rel_err": 0.0 if ok else float("nan"), "ok": ok})
+            print(json.dumps(rows[-1]), flush=True)
     # time: 4096 x 4096 at 90 %, N = 16, against cuBLAS on the same pruned weight
     import torch
 

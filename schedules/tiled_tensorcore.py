@@ -189,7 +189,8 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
         n0 = T.meta_var(bx % nch * nb)
         for i in T.unroll(nt * 4):
             acc[i] = T.float32(0)
-        for gc in range(s * per, T.min(s * per + per, ngc)):
+        # no tile columns where the grid's one block has no tile row (M = 0): words is empty
+        for gc in range(s * per, T.min(s * per + per, T.if_then_else(go < ngo, ngc, 0))):
             tile = go * ngc + gc
             for i in range((subs + threads - 1) // threads):
                 e = i * threads + tid
