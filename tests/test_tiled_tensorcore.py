@@ -172,3 +172,47 @@ def test_every_array_the_kernel_reads_comes_from_the_instance():
     assert all(got[n] is inst.arrays[n] for n in wanted)
     with pytest.raises(ValueError, match="does not carry"):
         packed_operands(inst, ["sparsec_nothing"])
+
+
+def test_staged_decode_rebuilds_every_tile_from_its_staged_bytes():
+    """The staged kernel's decode, step for step in numpy (tiled_tensorcore_staged: a tile's
+    value range values[offsets[t]:offsets[t + 1]] staged as it is, subtile starts relative
+    to the tile by a scan of popcounts, then two adjacent bits per step, the second value at
+    the first's index plus the first bit) rebuilds every tile of formats.tiled's layout:
+    odd sizes, empty tiles, explicit zeros, tile shapes the kernel takes."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from sparsec.formats import convert
+
+    rng = np.random.default_rng(5)
+    for tile in ((64, 64), (32, 128), (48, 48)):
+        TR, TC = tile
+        m = sp.random(150, 170, density=0.3, random_state=5, format="csr", dtype=np.float32)
+        m.data[::7] = 0  # explicit zeros stay entries
+        m = m.tolil()
+        m[:, 60:100] = 0  # whole tiles empty
+        m = sp.csr_matrix(m)
+        m.data = rng.standard_normal(m.nnz).astype(np.float16).astype(np.float32)
+        inst = convert(m, f"tiled:{TR}x{TC}", dtype=np.float16)
+        words, offsets, values = inst.arrays["bitmap"], inst.arrays["tile_offsets"], inst.data
+        subs, ngc = TR * TC // 64, -(-m.shape[1] // TC)
+        dense = np.zeros((-(-m.shape[0] // TR) * TR, ngc * TC), np.float32)
+        dense[:m.shape[0], :m.shape[1]] = m.toarray()
+        for t in range(offsets.shape[0] - 1):
+            Vs = values[offsets[t]:offsets[t + 1]].astype(np.float32)  # staged as it is
+            Ws = words[t * subs:(t + 1) * subs]
+            counts = np.array([bin(int(w)).count("1") for w in Ws])
+            So = np.concatenate([[0], np.cumsum(counts)[:-1]])  # the warp scan, relative
+            As = np.full((TR, TC), np.nan, np.float32)
+            for e in range(TR * TC // 2):  # every pair, as (i, tid) enumerate them
+                sub, b0 = e // 32, e % 32 * 2
+                word = int(Ws[sub])
+                at = int(So[sub]) + bin(word & ((1 << b0) - 1)).count("1")
+                bit0, bit1 = (word >> b0) & 1, (word >> (b0 + 1)) & 1
+                row = sub // (TC // 8) * 8 + b0 // 8
+                col = sub % (TC // 8) * 8 + b0 % 8
+                As[row, col] = Vs[min(at, TR * TC - 1)] if bit0 else 0
+                As[row, col + 1] = Vs[min(at + bit0, TR * TC - 1)] if bit1 else 0
+            go, gc = divmod(t, ngc)
+            np.testing.assert_array_equal(As, dense[go * TR:(go + 1) * TR, gc * TC:(gc + 1) * TC])
