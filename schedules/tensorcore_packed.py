@@ -411,14 +411,22 @@ def _tiled_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> d
 
 def _tiled_prune(program, knobs) -> Optional[str]:
     m = match(program, "cuda")
+    chosen = _tiled_resolve(program, knobs)
+    if chosen["pipeline"] and chosen["loads"] != 1:
+        return "loads applies to pipeline 0 only (the staged kernel moves a tile's bytes in one batch)"
     try:
-        tiled_tc.check(m.tile, **_tiled_resolve(program, knobs))
+        tiled_tc.check(m.tile, **chosen)
     except ValueError as e:
         return str(e)
     return None
 
 
-@transformation(knobs={k: Knob(tuple(v)) for k, v in tiled_tc.KNOBS.items()},
+# the tuner's small space: a block's columns of B, splits of K from few to a tile or two a
+# block, and the three memory paths (loads into place one by one or 16 at a time, staged a tile ahead)
+_TILED_SMALL = {"nb": (16, 32, 64), "splits": (8, 16, 64), "loads": (1, 16), "pipeline": (0, 2)}
+
+
+@transformation(knobs={k: Knob(tuple(v), small=_TILED_SMALL.get(k)) for k, v in tiled_tc.KNOBS.items()},
                 resolve=_tiled_resolve,
                 prune=_tiled_prune)
 def tiled_tc_spmm(built, program, *, nb: int, splits: int, loads: int, pipeline: int):

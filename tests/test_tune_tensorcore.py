@@ -1,5 +1,5 @@
 """`sparsec tune` on the Tensor Core formats, on the CPU: the spaces of the packed (mma_sp,
-nm_tc, int8 srbcrs) and BSR Tensor Core templates are featurized with their knobs; their
+nm_tc, int8 srbcrs), tiled and BSR Tensor Core templates are featurized with their knobs; their
 candidates build for sm_90a; a tuning run (a fake runner standing in for the GPU) logs
 records that ``sparsec.compile(inst, knobs="tuned")`` finds for the matrix its format
 stores, and on a matrix no record names the model picks among the winning configurations;
@@ -78,10 +78,11 @@ def test_tensor_core_candidates_build_for_sm90a():
     minute: tests/test_tensorcore_sddmm.py builds it with its knobs)."""
     w = _weight(1)
     picks = []
-    for fam, dtype, spec in (("nm_tc", "float16", "nm_tc:1:8:v128"), ("srbcrs", "int8", "srbcrs:v8,int8")):
+    for fam, dtype, spec in (("nm_tc", "float16", "nm_tc:1:8:v128"), ("srbcrs", "int8", "srbcrs:v8,int8"),
+                             ("tiled", "float16", "tiled:32x128")):
         s = Space("spmm", w, 64, dtype, families=(fam,), size="small", target=TARGET)
         picks.append(("spmm", w, [c for c in s.candidates if c["format"] == spec][-1]))
-    want = {"nm_tc": "mma.sync.aligned.m16n8k16", "srbcrs": "s8.s8.s32"}
+    want = {"nm_tc": "mma.sync.aligned.m16n8k16", "srbcrs": "s8.s8.s32", "tiled": "mma.sync.aligned.m16n8k16"}
     for op, m, c in picks:
         inst, _ = workload.convert(m, c["format"], c["format_knobs"], c["dtype"])
         k = sparsec.compile(op, inst, feat=64, target=TARGET, knobs=c["schedule_knobs"])
@@ -92,7 +93,8 @@ def test_tensor_core_candidates_build_for_sm90a():
 @pytest.mark.parametrize("fam,spec,dtype,rows,cols,feat", [("bsr", "bsr:16x16", "float16", 1024, 4096, 64),
                                                           ("nm_tc", "nm_tc:1:8:v128", "float16", 128, 4096, 512),
                                                           ("mma_sp", "mma_sp", "float16", 4096, 512, 64),
-                                                          ("srbcrs", "srbcrs:v2,int8", "int8", 8192, 128, 64)])
+                                                          ("srbcrs", "srbcrs:v2,int8", "int8", 8192, 128, 64),
+                                                          ("tiled", "tiled", "float16", 300, 512, 16)])
 def test_the_spaces_untuned_candidate_is_the_kernel_compile_builds(fam, spec, dtype, rows, cols, feat):
     """The baseline a search measures first is the kernel ``sparsec.compile`` builds for the
     converted matrix, whose Tensor Core defaults follow its shape (BSR's N tile, the
@@ -167,3 +169,20 @@ def test_cli_tunes_pruned_families_and_refuses_a_dtype_they_do_not_pack(tmp_path
     assert "srbcrs packs int8 values" in capsys.readouterr().err
     assert main(["tune", "spmm", "--matrix", path, "--dtype", "bfloat16"]) == 2
     assert "int8" in capsys.readouterr().err  # the choices name int8
+
+
+def test_tiled_space_searches_the_kernels_knobs_without_dead_combinations():
+    """The tiled family's space (float16, CUDA): both tile shapes, every knob of the tiled
+    kernel, and no candidate that pairs a batched-loads setting with the staged kernel (where
+    it does nothing, so it would only measure one kernel twice); other precisions are refused
+    by name."""
+    w = _weight(3, 300, 512)
+    s = Space("spmm", w, 16, "float16", families=("tiled",), size="small", target=TARGET)
+    assert {c["format"] for c in s.candidates} == {"tiled", "tiled:32x128"}
+    knobs = [c["schedule_knobs"] for c in s.candidates]
+    assert all(set(k) == {"nb", "splits", "loads", "pipeline"} for k in knobs)
+    assert not [k for k in knobs if k["pipeline"] and k["loads"] != 1]
+    assert {k["pipeline"] for k in knobs} == {0, 2} and {k["loads"] for k in knobs} == {1, 16}
+    assert any("loads applies to pipeline 0 only" in why for why in s.pruned)
+    with pytest.raises(ValueError, match=r"dtype float32: tiled packs float16 values"):
+        Space("spmm", w, 16, "float32", families=("tiled",), target=TARGET)

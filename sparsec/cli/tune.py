@@ -5,6 +5,7 @@
     sparsec tune sddmm --random 3000,2000,0.01 --dtype float64 --target llvm --trials 8
     sparsec tune spmm --matrix W.npz --feat 16 512 --target cuda --formats bsr,mma_sp,nm_tc --dtype float16
     sparsec tune spmm --matrix W.npz --feat 64 --target cuda --formats srbcrs --dtype int8
+    sparsec tune spmm --matrix W.npz --feat 16 --target cuda --formats tiled --dtype float16
 
 Shows a progress bar (tqdm; a line per case without it), then a table per case: the
 untuned default, the best of each format family, the speedup of the best over the
@@ -31,7 +32,8 @@ FORMATS_HELP = ("format families to search, comma separated (default csr,hyb,ell
                 "Core families change the matrix, as converting to them does: mma_sp (float16) keeps the 2 "
                 "largest of every 4 entries along a row, nm_tc (float16) 1 of every 8 columns, chosen per "
                 "vector of 128 rows, srbcrs (int8) quantizes the values to int8 unless they are int8 "
-                "already; a matrix already in the pattern (pruned weights) stays as it is. Searched alone, "
+                "already; a matrix already in the pattern (pruned weights) stays as it is; tiled (float16) "
+                "keeps every value, in bitmap tiles its Tensor Core kernel expands. Searched alone, "
                 "their speedup is over the first one's untuned kernel")
 
 

@@ -56,11 +56,13 @@ MIN_TILE_FEATURES = 64
 BSR_BLOCKS = (2, 4, 8, 16, 32)
 HYB_COL_PARTS = (1, 2, 4, 8, 16)
 HYB_MAX_BUCKETS = (4, 8, 16, 32, 64, 128)
-FAMILIES = ("csr", "hyb", "ell", "bsr", "mma_sp", "nm_tc", "srbcrs")
-# the packed Tensor Core formats, searched for the precision whose operand they pack; the
-# matrix is pruned (mma_sp, nm_tc) or quantized (srbcrs) to them by ``workload.convert``
+FAMILIES = ("csr", "hyb", "ell", "bsr", "mma_sp", "nm_tc", "srbcrs", "tiled")
+# the Tensor Core formats, searched for the precision whose operand they pack; the matrix is
+# pruned (mma_sp, nm_tc) or quantized (srbcrs) to them by ``workload.convert``; tiled keeps
+# every value (bitmap tiles, expanded on the GPU)
 TC_FORMATS = {"mma_sp": ("float16", ("mma_sp",)), "nm_tc": ("float16", ("nm_tc:1:8:v128",)),
-              "srbcrs": ("int8", tuple(f"srbcrs:v{v},int8" for v in (2, 4, 8)))}
+              "srbcrs": ("int8", tuple(f"srbcrs:v{v},int8" for v in (2, 4, 8))),
+              "tiled": ("float16", ("tiled", "tiled:32x128"))}
 # families whose untuned kernel is in the space whatever the grid: their templates pick
 # tiles per block size and width (``resolve``), which the grid's values need not include
 BASELINE_FAMILIES = ("bsr", *TC_FORMATS)
