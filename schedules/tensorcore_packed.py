@@ -436,6 +436,9 @@ def tiled_tc_spmm(built, program, *, nb: int, splits: int, loads: int, pipeline:
     from tvm import IRModule
 
     m = match(program, "cuda")
+    if pipeline and loads != 1:
+        raise ValueError(f"knobs: loads={loads} applies to pipeline 0 only (pipeline {pipeline}, the staged "
+                         f"kernel, moves a tile's bytes in one batch); leave loads at 1 or set pipeline 0")
     if pipeline:
         func = tiled_staged.spmm(m.tile, nb=nb, splits=splits, pipeline=pipeline, name=program.name)
     else:

@@ -151,6 +151,8 @@ def test_knobs_are_declared_once_and_refused_by_name():
         sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"splits": 3})
     with pytest.raises(ValueError, match="vec"):
         sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"vec": 4})
+    with pytest.raises(ValueError, match="loads=16 applies to pipeline 0 only"):
+        sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"pipeline": 2, "loads": 16})
 
 
 def test_every_array_the_kernel_reads_comes_from_the_instance():
