@@ -75,8 +75,8 @@ def check(tile, nb: int, splits: int, loads: int = 1, pipeline: int = 0) -> None
 
 def shared_steps(TR: int, TC: int, nb: int, splits: int) -> SimpleNamespace:
     """The TVMScript macros both tiled kernels (this one and ``tiled_tensorcore_staged``)
-    share: ``zero_c`` (C to zero, a launch of its own, where splits add into it),
-    ``multiply`` (per 16-deep k-step of the expanded tile: ldmatrix A and B, mma into the
+    share: ``zero_c`` (C to zero, a launch of its own, where splits add into it), ``scan``
+    (the subtile starts of the tile in shared memory), ``multiply`` (per 16-deep k-step of the expanded tile: ldmatrix A and B, mma into the
     accumulators) and ``write_c`` (the accumulators into C: stored, or added where K is
     split)."""
     from tvm.script import tirx as T
@@ -94,6 +94,29 @@ def shared_steps(TR: int, TC: int, nb: int, splits: int) -> SimpleNamespace:
                     for zi in range((N + 127) // 128):
                         if zr < M and zi * 128 + zc < N:
                             C[zr, zi * 128 + zc] = T.float32(0)
+
+    subs = (TR // SUB) * (TC // SUB)
+    per_lane = (subs + 31) // 32  # subtile words a lane of warp 0 sums for the scan
+
+    @T.macro
+    def scan(Ws, So, part, start, up, ty, tx, base):
+        """Warp 0: where each subtile's values start, ``base`` plus the popcounts of the
+        subtiles before it (each lane sums a run of words, a shuffle scan over the lanes)."""
+        if ty == 0:
+            part[0] = 0
+            for q in range(per_lane):
+                if tx * per_lane + q < subs:
+                    part[0] = part[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
+            start[0] = part[0]
+            for d in T.unroll(5):
+                up[0] = T.call_extern("int32", "__shfl_up_sync", T.uint32(0xFFFFFFFF), start[0], 1 << d)
+                if tx >= (1 << d):
+                    start[0] = start[0] + up[0]
+            start[0] = start[0] - part[0] + base
+            for q in range(per_lane):
+                if tx * per_lane + q < subs:
+                    So[tx * per_lane + q] = start[0]
+                    start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
 
     @T.macro
     def multiply(As, Bs, af, bf, acc, ty, tx):
@@ -123,29 +146,20 @@ def shared_steps(TR: int, TC: int, nb: int, splits: int) -> SimpleNamespace:
                             T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[row, col]),
                                                      acc[n * 4 + h * 2 + e]))
 
-    return SimpleNamespace(zero_c=zero_c, multiply=multiply, write_c=write_c)
+    return SimpleNamespace(zero_c=zero_c, scan=scan, multiply=multiply, write_c=write_c)
 
 
-def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm", loads: int = 1):
-    """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
-    subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
-    ``formats.tiled`` stores them; B (K, N) float16; C (M, N) float32. M, K and N are read
-    from the operands. With ``splits`` > 1 a first launch zeroes C. The kernel trusts its
-    operands (a ``formats.tiled`` instance's own arrays, for the M and K of B and C):
-    ``sparsec.compile``'s kernel checks them before every call."""
+def kernel(tile, nb: int, splits: int, name: str, steps: SimpleNamespace, walk):
+    """The PrimFunc ``name(words, offsets, values, B, C)`` both tiled kernels are: operands,
+    C's zero fill, the grid (block ``bx``: tile row ``go``, split ``s`` of K, columns ``n0``
+    of B), the shared tile buffers and accumulators, then ``walk`` -- a macro that multiplies
+    the block's tiles into ``acc`` -- and the accumulators into C."""
     from tvm.script import tirx as T
 
     TR, TC = (int(t) for t in tile)
-    check((TR, TC), nb, splits, loads)
     warps = TR // 16
-    threads = warps * 32
     subs = (TR // SUB) * (TC // SUB)
-    pa, pb = TC + PAD, nb + PAD
     nt = nb // 8
-    per_lane = (subs + 31) // 32  # subtile words a lane of warp 0 sums for the scan
-    b_each, a_each = -(-TC * nb // threads), TR * TC // threads  # B and A elements a thread moves a tile
-    b_batch, a_batch = min(loads, b_each), min(loads, a_each)
-    steps = shared_steps(TR, TC, nb, splits)
 
     @T.prim_func(s_tir=True)
     def tiled_spmm(w_h: T.handle, o_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
@@ -172,8 +186,8 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
         T.launch_thread(bx, T.max(ngo * splits * nch, 1))
         T.launch_thread(ty, warps)
         T.launch_thread(tx, 32)
-        As = T.alloc_buffer((TR * pa,), "float16", scope="shared", align=64)
-        Bs = T.alloc_buffer((TC * pb,), "float16", scope="shared", align=64)
+        As = T.alloc_buffer((TR * (TC + PAD),), "float16", scope="shared", align=64)
+        Bs = T.alloc_buffer((TC * (nb + PAD),), "float16", scope="shared", align=64)
         Ws = T.alloc_buffer((subs,), "uint64", scope="shared", align=64)
         So = T.alloc_buffer((subs,), "int32", scope="shared", align=64)
         acc = T.alloc_buffer((nt * 4,), "float32", scope="local")
@@ -182,13 +196,42 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
         start = T.alloc_buffer((1,), "int32", scope="local")
         part = T.alloc_buffer((1,), "int32", scope="local")
         up = T.alloc_buffer((1,), "int32", scope="local")
-        held = T.alloc_buffer((max(b_batch, a_batch),), "float16", scope="local")
-        tid = T.meta_var(ty * 32 + tx)
         go = T.meta_var(bx // (splits * nch))
-        s = T.meta_var(bx // nch % splits)
         n0 = T.meta_var(bx % nch * nb)
         for i in T.unroll(nt * 4):
             acc[i] = T.float32(0)
+        walk(words, offsets, values, B, As, Bs, Ws, So, acc, af, bf, start, part, up,
+             go, bx // nch % splits, n0, per, ngc, ngo, ty, tx)
+        steps.write_c(C, acc, go, n0, ty, tx)
+
+    return tiled_spmm
+
+
+def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm", loads: int = 1):
+    """The PrimFunc ``tiled_spmm(words, offsets, values, B, C)``: ``words`` (uint64, one per
+    subtile), ``offsets`` (int32, one per tile plus the end) and ``values`` (float16) as
+    ``formats.tiled`` stores them; B (K, N) float16; C (M, N) float32. M, K and N are read
+    from the operands. With ``splits`` > 1 a first launch zeroes C. The kernel trusts its
+    operands (a ``formats.tiled`` instance's own arrays, for the M and K of B and C):
+    ``sparsec.compile``'s kernel checks them before every call."""
+    from tvm.script import tirx as T
+
+    TR, TC = (int(t) for t in tile)
+    check((TR, TC), nb, splits, loads)
+    warps = TR // 16
+    threads = warps * 32
+    subs = (TR // SUB) * (TC // SUB)
+    pa, pb = TC + PAD, nb + PAD
+    b_each, a_each = -(-TC * nb // threads), TR * TC // threads  # B and A elements a thread moves a tile
+    b_batch, a_batch = min(loads, b_each), min(loads, a_each)
+    steps = shared_steps(TR, TC, nb, splits)
+
+    @T.macro
+    def walk(words, offsets, values, B, As, Bs, Ws, So, acc, af, bf, start, part, up, go, s, n0, per, ngc, ngo, ty, tx):
+        """Per tile of the block: words, scan, B's slice and the expansion loaded into place."""
+        K, N, nnz = B.shape[0], B.shape[1], values.shape[0]
+        held = T.alloc_buffer((max(b_batch, a_batch),), "float16", scope="local")
+        tid = T.meta_var(ty * 32 + tx)
         # no tile columns where the grid's one block has no tile row (M = 0): words is empty
         for gc in range(s * per, T.min(s * per + per, T.if_then_else(go < ngo, ngc, 0))):
             tile = go * ngc + gc
@@ -197,21 +240,7 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
                 if e < subs:
                     Ws[e] = words[tile * subs + e]
             T.tvm_storage_sync("shared")
-            if ty == 0:  # subtile starts: popcounts, a warp scan, the tile's offset
-                part[0] = 0
-                for q in range(per_lane):
-                    if tx * per_lane + q < subs:
-                        part[0] = part[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
-                start[0] = part[0]
-                for d in T.unroll(5):
-                    up[0] = T.call_extern("int32", "__shfl_up_sync", T.uint32(0xFFFFFFFF), start[0], 1 << d)
-                    if tx >= (1 << d):
-                        start[0] = start[0] + up[0]
-                start[0] = start[0] - part[0] + offsets[tile]
-                for q in range(per_lane):
-                    if tx * per_lane + q < subs:
-                        So[tx * per_lane + q] = start[0]
-                        start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
+            steps.scan(Ws, So, part, start, up, ty, tx, offsets[tile])  # the subtile starts, from the tile's offset
             if loads == 1:  # each load's value stored at once (the kernel measured on the H200)
                 for i in range((TC * nb + threads - 1) // threads):
                     e = i * threads + tid
@@ -265,9 +294,8 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, name: str = "tiled_spmm",
                 T.tvm_storage_sync("shared")
             steps.multiply(As, Bs, af, bf, acc, ty, tx)
             T.tvm_storage_sync("shared")
-        steps.write_c(C, acc, go, n0, ty, tx)
 
-    return tiled_spmm
+    return kernel((TR, TC), nb, splits, name, steps, walk)
 
 
 def build(tile=(64, 64), nb: int = 32, splits: int = 1, arch: str = "sm_90a", loads: int = 1):

@@ -15,7 +15,7 @@ Block layout, split-K and the MMA step are ``tiled_tensorcore``'s.
 """
 from __future__ import annotations
 
-from .tiled_tensorcore import PAD, SUB, check, shared_steps
+from .tiled_tensorcore import PAD, SUB, check, kernel, shared_steps
 from .warp_mma import compile_for
 
 
@@ -35,8 +35,6 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
     subs = (TR // SUB) * (TC // SUB)
     cap = TR * TC  # values a tile holds at most
     pa, pb = TC + PAD, nb + PAD
-    nt = nb // 8
-    per_lane = (subs + 31) // 32
     w_each, v_each, b_each = -(-subs // threads), -(-cap // threads), -(-TC * nb // threads)
     pairs = cap // 2 // threads  # bit pairs a thread expands per tile
     steps = shared_steps(TR, TC, nb, splits)
@@ -82,25 +80,6 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
                 Bs[e // nb * pb + e % nb] = rb[q]
 
     @T.macro
-    def scan(Ws, So, part, start, up, ty, tx):
-        """Warp 0: each subtile's first value within the tile (popcounts, a warp scan)."""
-        if ty == 0:
-            part[0] = 0
-            for q in range(per_lane):
-                if tx * per_lane + q < subs:
-                    part[0] = part[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
-            start[0] = part[0]
-            for d in T.unroll(5):
-                up[0] = T.call_extern("int32", "__shfl_up_sync", T.uint32(0xFFFFFFFF), start[0], 1 << d)
-                if tx >= (1 << d):
-                    start[0] = start[0] + up[0]
-            start[0] = start[0] - part[0]
-            for q in range(per_lane):
-                if tx * per_lane + q < subs:
-                    So[tx * per_lane + q] = start[0]
-                    start[0] = start[0] + T.call_extern("int32", "__popcll", Ws[tx * per_lane + q])
-
-    @T.macro
     def expand(As, Ws, So, Vs, tid):
         """The dense tile in As from Ws, So and Vs: two adjacent bits (one row) per step."""
         for i in range(pairs):
@@ -117,80 +96,43 @@ def spmm(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, name: 
             As[row * pa + col] = T.if_then_else(bit0 != 0, Vs[T.min(at, cap - 1)], T.float16(0))
             As[row * pa + col + 1] = T.if_then_else(bit1 != 0, Vs[T.min(at + bit0, cap - 1)], T.float16(0))
 
-    @T.prim_func(s_tir=True)
-    def tiled_spmm(w_h: T.handle, o_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
-        T.func_attr({"global_symbol": name, "tirx.noalias": True})
-        n_words = T.int32()
-        n_offsets = T.int32()
-        nnz = T.int32()
-        M = T.int32()
-        K = T.int32()
-        N = T.int32()
-        words = T.match_buffer(w_h, (n_words,), "uint64")
-        offsets = T.match_buffer(o_h, (n_offsets,), "int32")
-        values = T.match_buffer(v_h, (nnz,), "float16")
-        B = T.match_buffer(b_h, (K, N), "float16")
-        C = T.match_buffer(c_h, (M, N), "float32")
-        steps.zero_c(C, M, N)
-        ngo = T.meta_var((M + TR - 1) // TR)
-        ngc = T.meta_var((K + TC - 1) // TC)
-        nch = T.meta_var((N + nb - 1) // nb)
-        per = T.meta_var((ngc + splits - 1) // splits)
-        bx = T.env_thread("blockIdx.x")
-        ty = T.env_thread("threadIdx.y")
-        tx = T.env_thread("threadIdx.x")
-        T.launch_thread(bx, T.max(ngo * splits * nch, 1))
-        T.launch_thread(ty, warps)
-        T.launch_thread(tx, 32)
-        As = T.alloc_buffer((TR * pa,), "float16", scope="shared", align=64)
-        Bs = T.alloc_buffer((TC * pb,), "float16", scope="shared", align=64)
-        Ws = T.alloc_buffer((subs,), "uint64", scope="shared", align=64)
-        So = T.alloc_buffer((subs,), "int32", scope="shared", align=64)
+    @T.macro
+    def walk(words, offsets, values, B, As, Bs, Ws, So, acc, af, bf, start, part, up, go, s, n0, per, ngc, ngo, ty, tx):
+        """The block's tiles: each one's bytes staged (a tile ahead with ``prefetch``), then
+        scanned, expanded from shared memory and multiplied."""
         Vs = T.alloc_buffer((cap,), "float16", scope="shared", align=64)
-        acc = T.alloc_buffer((nt * 4,), "float32", scope="local")
-        af = T.alloc_buffer((4,), "uint32", scope="local")
-        bf = T.alloc_buffer((nt * 2,), "uint32", scope="local")
-        start = T.alloc_buffer((1,), "int32", scope="local")
-        part = T.alloc_buffer((1,), "int32", scope="local")
-        up = T.alloc_buffer((1,), "int32", scope="local")
         rw = T.alloc_buffer((w_each,), "uint64", scope="local")
         rv = T.alloc_buffer((v_each,), "float16", scope="local")
         rb = T.alloc_buffer((b_each,), "float16", scope="local")
         oc = T.alloc_buffer((4,), "int32", scope="local")  # value ranges: the next tile's (0, 1), the one after's (2, 3)
         tid = T.meta_var(ty * 32 + tx)
-        go = T.meta_var(bx // (splits * nch))
-        s = T.meta_var(bx // nch % splits)
-        n0 = T.meta_var(bx % nch * nb)
         g0 = T.meta_var(s * per)
+        base = T.meta_var(go * ngc + s * per)
         cnt = T.meta_var(T.if_then_else(go < ngo, T.max(T.min(s * per + per, ngc) - s * per, 0), 0))
-
-        for i in T.unroll(nt * 4):
-            acc[i] = T.float32(0)
-        value_range(oc, offsets, go * ngc + g0, 0, cnt, 0, 1)
-        issue(rw, rv, rb, words, values, B, go * ngc + g0, g0, n0, 0, cnt, oc[0], oc[1], tid)
+        value_range(oc, offsets, base, 0, cnt, 0, 1)
+        issue(rw, rv, rb, words, values, B, base, g0, n0, 0, cnt, oc[0], oc[1], tid)
         store(Ws, Vs, Bs, rw, rv, rb, tid)
-        value_range(oc, offsets, go * ngc + g0, 1, cnt, 2, 3)
+        value_range(oc, offsets, base, 1, cnt, 2, 3)
         T.tvm_storage_sync("shared")
         for gi in range(cnt):
-            scan(Ws, So, part, start, up, ty, tx)
+            steps.scan(Ws, So, part, start, up, ty, tx, 0)  # starts within the tile: Vs holds its values alone
             T.tvm_storage_sync("shared")
             if prefetch:  # the next tile's bytes in flight during this tile's expansion and MMAs
-                issue(rw, rv, rb, words, values, B, go * ngc + g0, g0, n0, gi + 1, cnt, oc[2], oc[3], tid)
-                value_range(oc, offsets, go * ngc + g0, gi + 2, cnt, 0, 1)
+                issue(rw, rv, rb, words, values, B, base, g0, n0, gi + 1, cnt, oc[2], oc[3], tid)
+                value_range(oc, offsets, base, gi + 2, cnt, 0, 1)
             expand(As, Ws, So, Vs, tid)
             T.tvm_storage_sync("shared")
             steps.multiply(As, Bs, af, bf, acc, ty, tx)
             T.tvm_storage_sync("shared")
             if not prefetch:
-                issue(rw, rv, rb, words, values, B, go * ngc + g0, g0, n0, gi + 1, cnt, oc[2], oc[3], tid)
-                value_range(oc, offsets, go * ngc + g0, gi + 2, cnt, 0, 1)
+                issue(rw, rv, rb, words, values, B, base, g0, n0, gi + 1, cnt, oc[2], oc[3], tid)
+                value_range(oc, offsets, base, gi + 2, cnt, 0, 1)
             store(Ws, Vs, Bs, rw, rv, rb, tid)
             oc[2] = oc[0]
             oc[3] = oc[1]
             T.tvm_storage_sync("shared")
-        steps.write_c(C, acc, go, n0, ty, tx)
 
-    return tiled_spmm
+    return kernel((TR, TC), nb, splits, name, steps, walk)
 
 
 def build(tile=(64, 64), nb: int = 32, splits: int = 1, pipeline: int = 2, arch: str = "sm_90a"):
