@@ -15,8 +15,11 @@ through ``formats.registry``), for the program's value dtype on CUDA:
 * ``sp24``  -> ``tc_pipeline`` mode sp24 (``formats.mma_sp``'s packing: values, metadata);
 * ``gather`` -> ``tc_pipeline`` mode gather (``formats.nm_tc``'s packing: values, columns);
 * ``srbcrs_int8`` -> ``srbcrs_tensorcore`` (the instance's own indptr, indices, int8 values);
-* ``tiled_bitmap`` -> ``tiled_tensorcore`` (the instance's own bitmap, tile offsets and
-  float16 values: unstructured weights loaded as sparse, multiplied as dense).
+* ``tiled_bitmap`` -> ``tiled_stream`` up to 64 columns of B (tiles of 16-64 rows: a warp
+  streams a tile row's compressed bytes and scatters its non-zeros into a dense buffer; the
+  CTAs of a cluster split K) and ``tiled_tensorcore`` beyond, or where its knobs are given
+  (the instance's own bitmap, tile offsets and float16 values: unstructured weights loaded
+  as sparse, multiplied as dense).
 
 Both kernels are built for any matrix size (M and K are read from the operands), so a kernel
 compiled for a format spec runs on every matrix converted with it; compiled for a converted
@@ -32,6 +35,7 @@ from typing import Optional, Tuple
 
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
+from . import tiled_stream
 from . import tiled_tensorcore as tiled_tc
 from . import tiled_tensorcore_staged as tiled_staged
 from .knobs import ANY, Knob, check_applicable, transformation
@@ -74,15 +78,17 @@ class PackedSpmm:
     # body sized for it
     sized_for: Optional[Tuple[int, int, int]] = None
     tile: Optional[Tuple[int, int]] = None  # tiled_bitmap: the format's tile shape
+    density: Optional[float] = None  # the matrix's stored entries per element, when compiled for one
 
 
 def match(program, target_kind: str, kc: Optional[int] = None,
-          shape: Optional[Tuple[int, int]] = None) -> Optional[PackedSpmm]:
+          shape: Optional[Tuple[int, int]] = None, density: Optional[float] = None) -> Optional[PackedSpmm]:
     """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None.
     ``kc``: the gathered row length of the matrix a kernel is compiled for (it picks the
     pipeline's depth, :func:`default_pipeline_knobs`); ``shape``: that matrix's (rows, cols),
     for which the kernel carries a sized body (``tc_pipeline.spmm``'s and
-    ``srbcrs_tensorcore.spmm_srbcrs_int8``'s ``fast_for``). The kernel still runs on any
+    ``srbcrs_tensorcore.spmm_srbcrs_int8``'s ``fast_for``); ``density``: its stored entries
+    per element (the tiled kernel sizes its slots by it). The kernel still runs on any
     matrix of the format."""
     from sparsec.formats.registry import tensor_core_layout
 
@@ -122,7 +128,8 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     if shape is not None and (layout != "gather" or kc):
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
-                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile)
+                      transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile,
+                      density if layout == "tiled_bitmap" else None)
 
 
 def _spmm_structure(program):
@@ -446,10 +453,63 @@ def tiled_tc_spmm(built, program, *, nb: int, splits: int, loads: int, pipeline:
     built.mod = IRModule({program.name: func})
 
 
+def _stream_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
+                    density: Optional[float] = None) -> dict:
+    """The knobs given, the rest by ``tiled_stream.default_knobs`` for the matrix's shape and
+    density where known (else slots for whole tiles)."""
+    m = match(program, "cuda")
+    rows, cols = shape if shape else (0, 0)
+    return {**tiled_stream.default_knobs(m.feat, rows, cols, m.tile, 1.0 if density is None else density), **knobs}
+
+
+def _stream_prune(program, knobs) -> Optional[str]:
+    m = match(program, "cuda")
+    try:
+        tiled_stream.plan(m.tile, m.feat, **_stream_resolve(program, knobs))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+# the tuner's small space: warps and stages around the default, cluster sizes, slot sizes
+_STREAM_SMALL = {"warps": (8, 4), "stages": (4, 6), "cluster": (8, 4), "cap": (1, 4)}
+
+
+@transformation(knobs={k: Knob(tuple(v), small=_STREAM_SMALL.get(k)) for k, v in tiled_stream.KNOBS.items()},
+                resolve=_stream_resolve,
+                prune=_stream_prune)
+def tiled_stream_spmm(built, program, *, nb: int, warps: int, stages: int, cluster: int, cap: int, bk: int):
+    """Build ``schedules.tiled_stream``'s kernel for ``program`` into ``built.mod``: the
+    format's tile shape, the program's columns of B, any matrix size (C written whole, in one
+    launch)."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    func = tiled_stream.spmm(m.tile, m.feat, nb=nb, warps=warps, stages=stages, cluster=cluster, cap=cap, bk=bk,
+                             name=program.name)
+    built.mod = IRModule({program.name: func})
+
+
+STREAM_MAX_FEAT = 64  # above, the tiled kernel that shares its decoded tiles across more columns
+
+
+def _streams(m: PackedSpmm, knobs=None) -> bool:
+    """``tiled_stream`` takes this tiled SpMM: up to STREAM_MAX_FEAT columns of B, tiles of
+    16-64 rows, and no knob of the other tiled kernel given."""
+    if knobs and set(knobs) & set(tiled_tc.KNOBS) - set(tiled_stream.KNOBS):
+        return False
+    r, c = m.tile
+    return m.feat <= STREAM_MAX_FEAT and r % 16 == 0 and r <= 64 and c % 16 == 0 and c <= 256
+
+
 _TRANSFORMATIONS = {"srbcrs_int8": srbcrs_int8_spmm, "tiled_bitmap": tiled_tc_spmm}
 
 
-def transformation_for(m: PackedSpmm):
+def transformation_for(m: PackedSpmm, knobs=None):
+    """The transformation that builds ``m``'s kernel (``knobs``: those given, which may
+    name one tiled kernel over the other)."""
+    if m.layout == "tiled_bitmap" and _streams(m, knobs):
+        return tiled_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
 
 
@@ -464,7 +524,7 @@ class Built:
 def schedule(program, m: PackedSpmm, **knobs):
     """(built, knobs used) for a matched program; a knob the kernel does not take is a
     ValueError naming it."""
-    t = transformation_for(m)
+    t = transformation_for(m, knobs)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
     # the matrix's shape (and gathered row length), when known, pick the defaults
     shape = m.sized_for[:2] if m.sized_for else None
@@ -472,6 +532,8 @@ def schedule(program, m: PackedSpmm, **knobs):
         knobs = _pipeline_resolve(program, knobs, m.kc, shape)
     elif t is tiled_tc_spmm:
         knobs = _tiled_resolve(program, knobs, shape)
+    elif t is tiled_stream_spmm:
+        knobs = _stream_resolve(program, knobs, shape, m.density)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()

@@ -23,7 +23,8 @@ version: a tile's expansion and its MMAs alternate, separated by barriers, so a 
 is a chain of dependent loads per tile and the kernel is latency-bound (H200: 0.31x dense
 cuBLAS at 4096 x 4096, 90 %, 16 tokens; ``benchmarks/results/unstructured_quick_H200.json``).
 ``sparsec.compile`` reaches it through ``schedules.tensorcore_packed`` (layout
-``tiled_bitmap``); ``benchmarks/check_tiled_tc.py`` checks it on the GPU host.
+``tiled_bitmap``) beyond 64 columns of B, or where its knobs are given (``schedules.tiled_stream``
+takes fewer columns); ``benchmarks/check_tiled_tc.py`` checks it on the GPU host.
 """
 from __future__ import annotations
 

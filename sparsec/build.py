@@ -87,7 +87,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
                                   segment_splits=splits)
     config, params = {}, _param_specs(program)
     packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance),
-                                     shape=None if instance is None else instance.shape)
+                                     shape=None if instance is None else instance.shape,
+                                     density=_density(instance))
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
         mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]
@@ -108,6 +109,14 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         ex = tvm.compile(mod, target=spec.tvm_target())
     return Kernel(operator.name, fmt.spec, spec, dtype, params, used, ex,
                   compile_s=time.perf_counter() - t0, script=mod.script())
+
+
+def _density(inst) -> Optional[float]:
+    """Stored entries per element of the matrix compiled for (None without one)."""
+    if not isinstance(inst, FormatInstance):
+        return None
+    elements = int(np.prod(inst.shape))
+    return inst.nnz / elements if elements else 0.0
 
 
 def _gathered_row_length(inst) -> Optional[int]:

@@ -92,12 +92,12 @@ def test_refuses_shapes_it_cannot_take(kw, match):
 # ---------------------------------------------------------------- reached from sparsec.compile
 
 
-def _uses(op, spec, dtype, kind="cuda"):
+def _uses(op, spec, dtype, kind="cuda", feat=16):
     from sparsec.formats.registry import make_format
     from sparsec.lower import lower_program
     from sparsec.schedules import templates
 
-    _, program = lower_program(op, make_format(spec), {"feat": 16}, dtype, atomics=kind == "cuda")
+    _, program = lower_program(op, make_format(spec), {"feat": feat}, dtype, atomics=kind == "cuda")
     return [u.transformation.name for u in templates(program, kind)]
 
 
@@ -109,19 +109,25 @@ def test_float16_spmm_on_tiled_runs_the_kernel_by_capability():
     from sparsec import ops
 
     mine, *_ = _spmm("my_product", "C = A @ B, written by a user")
-    assert _uses(ops.get("spmm"), "tiled", "float16") == ["tiled_tc_spmm"]
-    assert _uses(mine, "tiled:32x128", "float16") == ["tiled_tc_spmm"]
-    assert "tiled_tc_spmm" not in _uses(ops.get("spmm"), "tiled", "float32")
-    assert "tiled_tc_spmm" not in _uses(spmm_row_bias_relu(), "tiled", "float16")
-    assert "tiled_tc_spmm" not in _uses(ops.get("spmm"), "tiled:24x64", "float16")
-    assert "tiled_tc_spmm" not in _uses(ops.get("spmm"), "tiled", "float16", "llvm")
+    tiled = {"tiled_tc_spmm", "tiled_stream_spmm"}
+    assert _uses(ops.get("spmm"), "tiled", "float16") == ["tiled_stream_spmm"]  # 16 columns of B
+    assert _uses(mine, "tiled:32x128", "float16") == ["tiled_stream_spmm"]
+    assert _uses(mine, "tiled:32x128", "float16", feat=128) == ["tiled_tc_spmm"]  # wide B: the expanding kernel
+    assert _uses(mine, "tiled:128x64", "float16") == ["tiled_tc_spmm"]  # tile rows past the streaming warps
+    assert not tiled & set(_uses(ops.get("spmm"), "tiled", "float32"))
+    assert not tiled & set(_uses(spmm_row_bias_relu(), "tiled", "float16"))
+    assert not tiled & set(_uses(ops.get("spmm"), "tiled:24x64", "float16"))
+    assert not tiled & set(_uses(ops.get("spmm"), "tiled", "float16", "llvm"))
 
 
-@pytest.mark.parametrize("feat, knobs, launches", [(16, None, 2), (40, {"splits": 1, "nb": 48}, 1)])
-def test_compiled_kernel_reads_the_instance_arrays_and_zeroes_c_where_splits_add(feat, knobs, launches):
+@pytest.mark.parametrize("feat, knobs, launches, popcount", [(16, None, 1, "__popc("), (16, {"splits": 4}, 2, "__popcll"),
+                                                             (40, {"splits": 1, "nb": 48}, 1, "__popcll"),
+                                                             (128, None, 2, "__popcll")])
+def test_compiled_kernel_reads_the_instance_arrays_and_zeroes_c_where_splits_add(feat, knobs, launches, popcount):
     """The compiled kernel takes the instance's bitmap, tile offsets and float16 values as
-    they are, then B and C; with split K (the default up to 32 columns) a first launch
-    zeroes C, so a NaN-poisoned or reused output comes back right."""
+    they are, then B and C. The streaming kernel (the default up to 64 columns) writes C
+    whole in one launch; the expanding kernel (wider B, or its knobs given) zeroes C in a
+    first launch where split K adds, so a NaN-poisoned or reused output comes back right."""
     import numpy as np
 
     import sparsec
@@ -133,7 +139,7 @@ def test_compiled_kernel_reads_the_instance_arrays_and_zeroes_c_where_splits_add
     assert [(p.name, p.dtype) for p in k.params] == [
         ("bitmap", "uint64"), ("tile_offsets", "int32"), ("A", "float16"), ("B", "float16"), ("C", "float32")]
     src = k.source()
-    assert src.count("__global__") // 2 == launches and "__popcll" in src and "mma.sync" in src
+    assert src.count("__global__") // 2 == launches and popcount in src and "mma.sync" in src
 
 
 def test_knobs_are_declared_once_and_refused_by_name():

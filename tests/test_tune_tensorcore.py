@@ -172,13 +172,18 @@ def test_cli_tunes_pruned_families_and_refuses_a_dtype_they_do_not_pack(tmp_path
 
 
 def test_tiled_space_searches_the_kernels_knobs_without_dead_combinations():
-    """The tiled family's space (float16, CUDA): both tile shapes, every knob of the tiled
-    kernel, and no candidate that pairs a batched-loads setting with the staged kernel (where
-    it does nothing, so it would only measure one kernel twice); other precisions are refused
-    by name."""
+    """The tiled family's space (float16, CUDA): its tile shapes and the knobs of the kernel
+    that runs them -- the streaming kernel at 16 columns, the expanding one at 128, where no
+    candidate pairs a batched-loads setting with the staged kernel (it does nothing there, so
+    it would only measure one kernel twice); other precisions are refused by name."""
+    from sparsec.schedules import tiled_stream
+
     w = _weight(3, 300, 512)
     s = Space("spmm", w, 16, "float16", families=("tiled",), size="small", target=TARGET)
-    assert {c["format"] for c in s.candidates} == {"tiled", "tiled:32x128"}
+    assert {c["format"] for c in s.candidates} == {"tiled:16x64", "tiled", "tiled:32x128"}
+    assert all(set(c["schedule_knobs"]) == set(tiled_stream.KNOBS) for c in s.candidates)
+    assert {c["schedule_knobs"]["cap"] for c in s.candidates} == {1, 4}
+    s = Space("spmm", w, 128, "float16", families=("tiled",), size="small", target=TARGET)
     knobs = [c["schedule_knobs"] for c in s.candidates]
     assert all(set(k) == {"nb", "splits", "loads", "pipeline"} for k in knobs)
     assert not [k for k in knobs if k["pipeline"] and k["loads"] != 1]

@@ -59,10 +59,11 @@ HYB_MAX_BUCKETS = (4, 8, 16, 32, 64, 128)
 FAMILIES = ("csr", "hyb", "ell", "bsr", "mma_sp", "nm_tc", "srbcrs", "tiled")
 # the Tensor Core formats, searched for the precision whose operand they pack; the matrix is
 # pruned (mma_sp, nm_tc) or quantized (srbcrs) to them by ``workload.convert``; tiled keeps
-# every value (bitmap tiles, expanded on the GPU)
+# every value (bitmap tiles, expanded on the GPU; 16-row tiles are what the streaming kernel
+# of few columns was measured on)
 TC_FORMATS = {"mma_sp": ("float16", ("mma_sp",)), "nm_tc": ("float16", ("nm_tc:1:8:v128",)),
               "srbcrs": ("int8", tuple(f"srbcrs:v{v},int8" for v in (2, 4, 8))),
-              "tiled": ("float16", ("tiled", "tiled:32x128"))}
+              "tiled": ("float16", ("tiled", "tiled:16x64", "tiled:32x128"))}
 # families whose untuned kernel is in the space whatever the grid: their templates pick
 # tiles per block size and width (``resolve``), which the grid's values need not include
 BASELINE_FAMILIES = ("bsr", *TC_FORMATS)
@@ -198,6 +199,11 @@ class Space:
                 out.append(c)
         return out
 
+    def _density(self) -> float:
+        """Stored entries per element of the matrix (the tiled kernel sizes its slots by it)."""
+        rows, cols = (int(d) for d in self.matrix.shape)
+        return self.matrix.nnz / (rows * cols) if rows * cols else 0.0
+
     def _uses(self, fam: str):
         """The templates that schedule format ``fam`` (a spec such as ``bsr:4x4``) here."""
         family = fam.split(":")[0]
@@ -213,7 +219,8 @@ class Space:
         for u in uses:
             t = u.transformation
             mine = {k: knobs.get(k, t.knobs[k].default) for k in u.knobs}
-            resolved = _resolved(t, u.subjects[0], {} if resolve_all else mine, self.matrix.shape) if t.resolve else {}
+            resolved = (_resolved(t, u.subjects[0], {} if resolve_all else mine, self.matrix.shape, self._density())
+                        if t.resolve else {})
             for k in u.knobs:
                 v = resolved.get(k, mine[k])
                 out[k] = v if v in t.knobs[k].choices else mine[k]
@@ -399,10 +406,12 @@ def _product(grid: Dict[str, Sequence[Any]]) -> Iterable[dict]:
         yield {n: grid[n][i] for n, i in zip(names, values)}
 
 
-def _resolved(t, subject, knobs: dict, shape) -> dict:
+def _resolved(t, subject, knobs: dict, shape, density: Optional[float] = None) -> dict:
     """``t``'s resolve of ``knobs`` for ``subject``, given the matrix's ``shape`` where the
     template picks its defaults by it (the Tensor Core templates do, as ``sparsec.compile``
     does for a converted matrix): the space's untuned kernel is then the one compile builds."""
-    if "shape" in inspect.signature(t.resolve).parameters:
-        return t.resolve(subject, knobs, shape=tuple(int(d) for d in shape))
-    return t.resolve(subject, knobs)
+    params = inspect.signature(t.resolve).parameters
+    extra = {"density": density} if "density" in params and density is not None else {}
+    if "shape" in params:
+        return t.resolve(subject, knobs, shape=tuple(int(d) for d in shape), **extra)
+    return t.resolve(subject, knobs, **extra)
