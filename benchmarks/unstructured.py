@@ -8,9 +8,10 @@ magnitude, X (in, tokens) float16 activations feature-major.
 
 Per case, side by side in one process: dense cuBLAS fp16 (``torch.mm``) on the pruned
 weight, cuSPARSE CSR fp16 (``torch.sparse.mm``), and sparsec on the formats it can run the
-weight in (CUDA-core csr and hyb; ``tiled``, the bitmap layout, through the generic CUDA
-template; ``tiled_tc``, its Tensor Core kernel ``schedules/tiled_tensorcore.py`` called
-directly, as it is not yet behind ``sparsec.compile``). Each result is checked against float64
+weight in (CUDA-core csr and hyb; ``tiled``, the bitmap layout in 64 x 64 tiles, through the
+generic CUDA template; ``tiled_tc``, the weight in 16 x 64 tiles through ``sparsec.compile``,
+which builds its Tensor Core kernel: ``schedules/tiled_stream.py`` up to 64 tokens,
+``schedules/tiled_tensorcore.py`` beyond; default knobs). Each result is checked against float64
 on the same pruned weight. Times: CUDA-graph medians (``sparsec.bench.timing.Timer``) over
 enough weight copies to leave L2 cold. Bytes: what each reads of the weight (dense: 2 per
 element; csr: values, indices, row pointers; tiled: values, bitmap, tile offsets) plus X and
@@ -36,6 +37,7 @@ SHAPES = ("4096x4096", "11008x4096", "4096x11008")
 SPARSITY = (0.5, 0.7, 0.8, 0.9)
 TOKENS = (1, 8, 16, 32, 64, 128, 1024)
 FORMATS = ("csr", "hyb", "tiled", "tiled_tc")  # tiled_tc: the tiled Tensor Core kernel (CUDA only)
+STREAM_TILE = (16, 64)  # the tile shape tiled_tc runs on
 TOL = 2e-2  # float16 values and products, float32 sums
 
 
@@ -47,54 +49,6 @@ def weight_bytes(inst) -> int:
         return tiled.stream_bytes(inst)["total"]
     parts = getattr(inst, "parts", None) or [inst]
     return int(inst.data.nbytes) + sum(int(a.nbytes) for p in parts for a in p.kernel_arrays().values())
-
-
-def tiled_tc_calls(inst, x, copies: int, kw: dict):
-    """The tiled format's Tensor Core kernel (``schedules/tiled_tensorcore.py``, not yet
-    behind ``sparsec.compile``) as ``copies`` calls on copies of the weight, each returning C;
-    C starts at zero (split-K adds into it: later calls accumulate, which only timing sees)."""
-    import tvm
-
-    from sparsec.kernel import on_torch_stream
-    from sparsec.schedules import tiled_tensorcore as tt
-    from sparsec.schedules import tiled_tensorcore_staged as ts
-
-    dev = tvm.cuda(0)
-    kw = dict(kw)
-    pipeline = kw.pop("pipeline", 0)
-    if pipeline:
-        kw.pop("loads", None)
-        fn = ts.build(**kw, pipeline=pipeline).mod["tiled_spmm"]
-    else:
-        fn = tt.build(**kw).mod["tiled_spmm"]
-    B = tvm.runtime.tensor(x, dev)
-    C = tvm.runtime.tensor(np.zeros((inst.shape[0], x.shape[1]), np.float32), dev)
-    weights = [[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in
-                (inst.arrays["bitmap"], inst.arrays["tile_offsets"], inst.data.astype(np.float16))]
-               for _ in range(copies)]
-
-    def call(w):
-        with on_torch_stream(True):
-            fn(*w, B, C)
-        return C
-
-    return call, weights
-
-
-def tiled_tc_knobs(rows: int, cols: int, tokens: int) -> list:
-    """Knob settings of the tiled Tensor Core kernel to try (the fastest is reported):
-    columns of B a block takes by the token count, and splits of K from enough blocks for
-    two a streaming multiprocessor up to one tile column a split. H200, 4096 x 4096 at 90 %,
-    N = 16 (benchmarks/check_tiled_tc.py): splits 1 / 4 / 16 took 0.52 / 0.13 / 0.042 ms, so
-    the split count is swept, not guessed; each with loads 1 and 16 (values in flight per
-    thread before they are stored) and with the staged kernel a tile ahead (pipeline 2)."""
-    nb = 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
-    blocks = -(-rows // 64) * -(-tokens // nb)
-    k_tiles = -(-cols // 64)
-    least = int(min(k_tiles, max(1, -(-264 // blocks))))
-    splits = sorted({least, *(s for s in (8, 16, 64) if least < s <= k_tiles)})
-    return [{"tile": (64, 64), "nb": nb, "splits": s, "loads": ld, "pipeline": pl} for s in splits
-            for ld, pl in ((1, 0), (16, 0), (1, 2))]
 
 
 def copy_gbps(device: str) -> float:
@@ -134,6 +88,7 @@ def run_case(rows, cols, sparsity, tokens_list, args, timer, gbps):
     rng = np.random.default_rng(rows * 7 + cols)
     w = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
     t_inst, keep = tiled.prune(w, sparsity=sparsity)
+    s_inst = tiled.from_matrix(t_inst.to_scipy(), tile=STREAM_TILE, dtype=np.float16)
     pruned = np.where(keep, w, 0).astype(np.float16)
     out = []
     for tokens in tokens_list:
@@ -166,26 +121,19 @@ def run_case(rows, cols, sparsity, tokens_list, args, timer, gbps):
             csr_bytes = int(sp_t.values().nbytes + sp_t.col_indices().nbytes + sp_t.crow_indices().nbytes)
             record("cusparse_csr", lambda S: torch.sparse.mm(S, xt), csr_bytes, sparse)
             del sparse, sp_t
-        if dev == "cuda" and "tiled_tc" in args.formats:
-            tried = []
-            for kw in tiled_tc_knobs(rows, cols, tokens):
-                call, weights = tiled_tc_calls(t_inst, x, n_copies, kw)
-                record("sparsec_tiled_tc", call, tiled.stream_bytes(t_inst)["total"], weights,
-                       {"knobs": {**kw, "tile": list(kw["tile"])}})
-                del weights
-                tried.append(row["results"].pop("sparsec_tiled_tc"))
-            best = min(tried, key=lambda r: (not r["ok"], r["ms"]))  # a wrong result never wins
-            best["tried"] = [[r["knobs"]["splits"], r["knobs"]["loads"], r["knobs"]["pipeline"], r["ms"]] for r in tried]
-            row["results"]["sparsec_tiled_tc"] = best
-        for fmt in (f for f in args.formats if f != "tiled_tc"):
-            inst = t_inst if fmt == "tiled" else convert(t_inst.to_scipy(), fmt, dtype=np.float16)
+        for fmt in args.formats:
+            # tiled_tc: the Tensor Core kernel sparsec.compile builds for the weight in 16-row
+            # tiles (the streaming kernel up to 64 tokens), default knobs
+            inst = {"tiled": t_inst, "tiled_tc": s_inst}.get(fmt) or convert(t_inst.to_scipy(), fmt, dtype=np.float16)
+            if fmt == "tiled_tc" and dev != "cuda":
+                continue
             try:
                 k = sparsec.compile("spmm", inst, target=args.target, feat=tokens)
             except (ValueError, TypeError) as e:
                 row["results"][f"sparsec_{fmt}"] = {"error": str(e)[:300]}
                 continue
             copies = [inst] + [inst.with_data(inst.data.copy()) for _ in range(n_copies - 1)]
-            record(f"sparsec_{fmt}", lambda A, k=k: k(A, xt), weight_bytes(inst), copies)
+            record(f"sparsec_{fmt}", lambda A, k=k: k(A, xt), weight_bytes(inst), copies, {"knobs": k.knobs})
         dense_ms = row["results"].get("dense_cublas", {}).get("ms")
         for r in row["results"].values():
             if "ms" in r and dense_ms:
