@@ -186,7 +186,7 @@ class Kernel:
             raise TypeError(f"{self.op_name}: {p.name} should be {p.dtype}, got {dtype}")
         if _is_torch(x):
             self._check_torch(p.name, x)
-            return x.contiguous() if not x.is_contiguous() else x
+            return _aligned(x.contiguous() if not x.is_contiguous() else x)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{self.op_name}: {p.name} should be a numpy array or torch tensor, got {type(x).__name__}")
         x = _exportable(x)  # the kernel only reads an input: a copy in C order is as good
@@ -197,7 +197,7 @@ class Kernel:
         kernel is copied there on each call, unless it came as EdgeValues (cached in them)."""
         if _is_torch(x):
             self._check_torch(p.name, x)
-            return x.contiguous() if not x.is_contiguous() else x
+            return _aligned(x.contiguous() if not x.is_contiguous() else x)
         if self.target.kind == "llvm":
             return _exportable(x)
         if isinstance(given, EdgeValues):
@@ -420,6 +420,16 @@ def _alloc(shape, dtype, target: TargetSpec, like_torch: bool, dense: Sequence, 
         return torch.full(shape, fill, dtype=getattr(torch, dtype), device=dev)
     host = _compact(np.full(shape, fill, dtype=dtype))
     return host if target.kind == "llvm" else tvm.runtime.tensor(host, target.device())
+
+
+TORCH_ALIGN = 16  # bytes: Tensor Core kernels move their operands in 16-byte cp.async chunks
+
+
+def _aligned(x):
+    """A torch tensor whose data starts on a 16-byte boundary: ``x`` itself (torch allocates
+    at 256 or more), or a copy of a view that starts inside an allocation (``big[1:]``), which
+    a 16-byte copy would otherwise fault on."""
+    return x if x.data_ptr() % TORCH_ALIGN == 0 else x.clone()
 
 
 def _compact(a):

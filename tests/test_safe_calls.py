@@ -305,6 +305,24 @@ def test_torch_inputs(spmm, A, B, m):
         spmm(A, torch.from_numpy(B), out=torch.empty((ROWS, FEAT), device="meta"))
 
 
+def test_torch_input_inside_an_allocation_reaches_the_kernel_aligned(spmm, A, B, m):
+    """A contiguous view that starts inside its allocation (``big[1:]``) is copied to a
+    16-byte boundary before the call: Tensor Core kernels copy operands in 16-byte chunks,
+    and a misaligned one would fault on the GPU; an aligned tensor is passed as it is."""
+    torch = pytest.importorskip("torch")
+    big = torch.zeros(COLS * FEAT + 1)
+    big[1:] = torch.from_numpy(B).reshape(-1)
+    Bv = big[1:].view(COLS, FEAT)
+    assert Bv.data_ptr() % 16
+    args, _, _ = spmm.prepare(A, Bv)
+    b_arg = next(a for a, p in zip(args, spmm.params) if p.name == "B")
+    assert b_arg.data_ptr() % 16 == 0 and torch.equal(b_arg, Bv)
+    check(spmm(A, Bv).numpy(), m @ B)
+    Bt = torch.from_numpy(B)
+    args, _, _ = spmm.prepare(A, Bt)
+    assert next(a for a, p in zip(args, spmm.params) if p.name == "B") is Bt
+
+
 # ------------------------------------------------------------------ no GPU
 
 
