@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Where the streaming tiled kernel's time goes (``schedules/tiled_stream.py``): one weight,
-timed three ways -- CUDA-graph replay, eager back-to-back launches with CUDA events, and
-TVM's time evaluator -- so a host-bound figure shows as such, then (``--ncu``) one launch
-under Nsight Compute (speed of light, occupancy, warp states, scheduler, memory).
+timed three ways -- the benchmarks' timer in CUDA-graph and in eager mode, and 200
+back-to-back launches between two CUDA events -- so a host-bound figure shows as such; or
+(``--ncu``) a few launches for Nsight Compute (speed of light, occupancy, warp states,
+scheduler, memory).
 
     python3 benchmarks/profile_tiled_stream.py [--shape 4096x4096] [--sparsity 0.9]
         [--tokens 16] [--tile 16x64] [--knobs '{"warps": 4}']
     ncu --kernel-name regex:tiled_stream --launch-skip 5 --launch-count 1 --section ... \\
         python3 benchmarks/profile_tiled_stream.py --ncu
 
-Prints one JSON line per timing method and whether graph capture worked.
+Prints one JSON line: the timings and whether a launch captures into a CUDA graph.
 """
 from __future__ import annotations
 
