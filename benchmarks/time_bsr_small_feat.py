@@ -1,7 +1,8 @@
 """BSR fp16 SpMM at few feature columns (16, 64) against dense cuBLAS fp16, on the blocks
 suite (MiniLM layers when cached, random 4096 x 4096 and 1024 x 4096; blocks 16/32/64 at
-70/90/95 %) and the BERT-base-sized 768 x 3072 weight: the Tensor Core template with its
-default knobs, and a knob sweep on the 768 x 3072 case. Every result is checked against
+70/90/95 %) and the BERT-base-sized 768 x 3072 weight: the kernel ``sparsec.compile``
+picks (``bsr_stream`` up to 64 columns) with its default knobs, and with ``--sweep`` a knob
+sweep over every case. Every result is checked against
 float64 on a NaN-poisoned output first. Timed with sparsec.bench's timer (CUDA-graph
 replays), sparsec and ``torch.matmul`` side by side.
 
@@ -24,10 +25,17 @@ from _helpers import make_timed  # noqa: E402
 
 
 def sweep_knobs(bs: int, feat: int):
-    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns: narrow N tiles (more
-    thread blocks), two pipeline depths and every ``k_split`` (warp groups that share a
-    block row's blocks), those the template accepts."""
+    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns. Up to
+    ``bsr_stream.MAX_FEAT`` columns (the streaming kernel): warps and cluster sizes around
+    the default, and two pipeline depths. Wider (the block-row template): narrow N tiles
+    (more thread blocks), two pipeline depths and every ``k_split`` (warp groups that share
+    a block row's blocks), those the template accepts."""
+    from sparsec.schedules import bsr_stream
     from sparsec.schedules import tensorcore as tc
+
+    if feat <= bsr_stream.MAX_FEAT:
+        out = [{"warps": w, "cluster": c} for w in (8, 4, 2) for c in (8, 4, 2, 1)]
+        return out + [{"stages": 2}, {"stages": 6}, {"warps": 4, "stages": 6}]
 
     n_tiles = (16, 8) if feat <= 16 else (64, 32, 16)
     out = []
@@ -101,7 +109,7 @@ def main():
         A = formats.convert(dense, f"bsr:{b}x{b}")
         At = torch.from_numpy(dense).cuda()
         for feat in args.feats:
-            key = (b, feat, dense.shape[0])  # the default knobs follow the matrix's rows
+            key = (name, feat)  # the default knobs follow the matrix's shape and density
             if key not in kernels:
                 try:
                     kernels[key] = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=args.knobs)

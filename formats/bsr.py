@@ -89,6 +89,14 @@ def from_matrix(matrix, *, shape=None, dtype=None, block=None) -> FormatInstance
     return inst
 
 
+def tensor_core_layout(fmt: Format, dtype: str):
+    """float16 blocks run on the streaming Tensor Core kernel at few columns of B
+    (``schedules.bsr_stream``: the instance's indptr, sorted block columns and values as
+    they are); its match decides the block shapes and widths it takes, and the block-row
+    template (``schedules.tensorcore``) takes the rest."""
+    return "bsr_blocks" if dtype == "float16" else None
+
+
 def root_extent(inst: FormatInstance) -> int:
     return int(inst.arrays["indptr"].size - 1)
 

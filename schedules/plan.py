@@ -39,7 +39,7 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None) -> List[U
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
     packed = tensorcore_packed.match(program, target_kind)
-    if packed is not None:
+    if packed is not None and not tensorcore_packed.defers(packed, knobs):
         return [Use(tensorcore_packed.transformation_for(packed), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]

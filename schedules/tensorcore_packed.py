@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from . import bsr_stream
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
 from . import tiled_stream
@@ -46,10 +47,11 @@ OPERANDS = {
     "gather": (("gather_values", "float16"), ("gather_cols", "int32")),
     "srbcrs_int8": (("indptr", "int32"), ("indices", "int32")),
     "tiled_bitmap": (("bitmap", "uint64"), ("tile_offsets", "int32")),
+    "bsr_blocks": (("indptr", "int32"), ("indices", "int32")),
 }
 # layouts whose kernel reads the instance's own arrays and values, with no epilogue: a bias,
 # an activation, a transposed or a declared output dtype leave the program to the generic path
-OWN_ARRAYS = ("srbcrs_int8", "tiled_bitmap")
+OWN_ARRAYS = ("srbcrs_int8", "tiled_bitmap", "bsr_blocks")
 
 
 # gather mode takes a multiple of 16 columns of B: ldmatrix.x4.trans loads two 8-column tiles at once
@@ -115,6 +117,14 @@ def match(program, target_kind: str, kc: Optional[int] = None,
             tiled_tc.check(tile, 16, 1)
         except ValueError:
             return None  # a tile the kernel's warps cannot cover (rows not a multiple of 16)
+    if layout == "bsr_blocks":
+        tile = tuple(int(b) for b in fmt.param("block"))
+        if program.dtype.dense != "float16" or out_dtype != "float32" or feat > bsr_stream.MAX_FEAT:
+            return None  # the block-row template (schedules.tensorcore) takes it
+        try:
+            bsr_stream.check_block(tile)
+        except ValueError:
+            return None
     if layout not in OWN_ARRAYS and (out_dtype not in tpp.OUT_DTYPES
                                     or bias_dtype not in ("", "float32", program.dtype.sparse)):
         return None
@@ -129,7 +139,7 @@ def match(program, target_kind: str, kc: Optional[int] = None,
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
                       transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile,
-                      density if layout == "tiled_bitmap" else None)
+                      density if layout in ("tiled_bitmap", "bsr_blocks") else None)
 
 
 def _spmm_structure(program):
@@ -490,6 +500,48 @@ def tiled_stream_spmm(built, program, *, nb: int, warps: int, stages: int, clust
     built.mod = IRModule({program.name: func})
 
 
+def _bsr_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
+                 density: Optional[float] = None) -> dict:
+    """The knobs given, the rest by ``bsr_stream.default_knobs`` for the matrix's shape and
+    density where known."""
+    m = match(program, "cuda")
+    rows, cols = shape if shape else (0, 0)
+    return {**bsr_stream.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density), **knobs}
+
+
+def _bsr_prune(program, knobs) -> Optional[str]:
+    m = match(program, "cuda")
+    try:
+        bsr_stream.plan(m.tile, m.feat, **_bsr_resolve(program, knobs))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+_BSR_SMALL = {"warps": (8, 4), "stages": (4, 3), "cluster": (8, 4, 2), "bk": (64, 16)}
+
+
+@transformation(knobs={k: Knob(tuple(v), small=_BSR_SMALL.get(k)) for k, v in bsr_stream.KNOBS.items()},
+                resolve=_bsr_resolve,
+                prune=_bsr_prune)
+def bsr_stream_spmm(built, program, *, nb: int, warps: int, stages: int, cluster: int, bk: int):
+    """Build ``schedules.bsr_stream``'s kernel for ``program`` into ``built.mod``: the
+    format's block shape, the program's columns of B, any matrix size (C written whole, in
+    one launch)."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    func = bsr_stream.spmm(m.tile, m.feat, nb=nb, warps=warps, stages=stages, cluster=cluster, bk=bk,
+                           name=program.name)
+    built.mod = IRModule({program.name: func})
+
+
+def defers(m: PackedSpmm, knobs=None) -> bool:
+    """True where knobs of the block-row BSR template (``schedules.tensorcore``: n_tile,
+    k_split, ...) are given for a program ``bsr_stream`` would take: that template runs."""
+    return m.layout == "bsr_blocks" and bool(knobs) and bool(set(knobs) - set(bsr_stream.KNOBS))
+
+
 STREAM_MAX_FEAT = 64  # above, the tiled kernel that shares its decoded tiles across more columns
 
 
@@ -510,6 +562,8 @@ def transformation_for(m: PackedSpmm, knobs=None):
     name one tiled kernel over the other)."""
     if m.layout == "tiled_bitmap" and _streams(m, knobs):
         return tiled_stream_spmm
+    if m.layout == "bsr_blocks":
+        return bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
 
 
@@ -534,6 +588,8 @@ def schedule(program, m: PackedSpmm, **knobs):
         knobs = _tiled_resolve(program, knobs, shape)
     elif t is tiled_stream_spmm:
         knobs = _stream_resolve(program, knobs, shape, m.density)
+    elif t is bsr_stream_spmm:
+        knobs = _bsr_resolve(program, knobs, shape, m.density)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()

@@ -37,10 +37,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from .stream_mma import PAD, macros
 from .warp_mma import check_sizes, compile_for
 
 SUB = 8  # a subtile is 8 x 8 elements: one 64-bit bitmap word, two 32-bit half-words
-PAD = 8  # halves added to a row of the dense buffer and of B's stage (16 bytes: ldmatrix rows in distinct banks)
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 STATIC_LIMIT = 48 * 1024  # of it, statically declared
 KNOBS = {"nb": (16, 8, 32, 64), "warps": (8, 4, 2), "stages": (4, 3, 2, 6, 8), "cluster": (8, 4, 2, 1),
@@ -113,7 +113,7 @@ def plan(tile, feat: int, nb: int, warps: int, stages: int, cluster: int, cap: i
         words=words, per_lane=-(-halves // 32), halves=halves,
         cap=cap, vcap=TR * TC // cap + 8,  # a slot's values: 1 / cap of a tile, and the 16-byte chunk's lead-in
         apitch=TC + PAD, bpitch=max(nb, 16) + PAD, nt=nb // 8, mt=TR // 16, threads=warps * 32,
-        nch=-(-feat // nb))
+        nch=-(-feat // nb), kdim=TC, rows_b=bk * TC)
     p.v_chunks = -(-p.vcap // 8)  # 16-byte chunks a slot takes at most
     p.red = warps * TR * nb  # floats of a CTA's partial tile (cluster reduction)
     p.b_halves = bk * TC * (p.bpitch if bmode != "raw" else feat) + 8
@@ -144,59 +144,18 @@ def spmm(tile=(16, 64), feat: int = 16, nb: int = 16, warps: int = 8, stages: in
     subtile), ``offsets`` (int32, one per tile and the end) and ``values`` (float16) as
     ``formats.tiled`` stores them; B (K, feat) float16; C (M, feat) float32, written whole
     (no zero fill before). M and K are read from the operands."""
-    from tvm.ir import PointerType, PrimType
     from tvm.script import tirx as T
-    from tvm.tirx import Var
 
     p = plan(tile, feat, nb, warps, stages, cluster, cap, bk)
-    TR, TC, W, D, S, NT = p.TR, p.TC, p.W, p.D, p.S, p.threads
-    VCAP, WCAP, AP, BP, nt, mt, P = p.vcap, p.words, p.apitch, p.bpitch, p.nt, p.mt, p.per_lane
-    cp = T.ptx["cp.async.cg.shared.global"]
+    TR, TC, W, D, S = p.TR, p.TC, p.W, p.D, p.S
+    VCAP, WCAP, AP, mt, nt, P = p.vcap, p.words, p.apitch, p.mt, p.nt, p.per_lane
     commit = T.ptx["cp.async.commit_group"]
     wait = T.ptx["cp.async.wait_group"]
-    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
-    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
-    ldm_t2 = T.ptx["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"]
-    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
-    full = T.uint32(0xFFFFFFFF)
-    rows_b = bk * TC  # rows of B a phase holds
-    b_chunks = {"vec": rows_b * nb // 8, "raw": -(-rows_b * feat // 8), "reg": rows_b * nb}[p.bmode]
     w_chunks = WCAP // 2  # 16-byte chunks of a tile's words
-    share = -(-p.red // S)  # elements of the partial tile a CTA of the cluster sums
-    sum_each = -(-share // NT)  # of them, a thread's
-
-    def syncwarp():
-        return T.evaluate(T.call_extern("void", "__syncwarp", full))
-
-    def shared_at(base, offset, dtype_bytes):
-        """A shared-memory address ``offset`` elements past ``base`` (an address held in a
-        register): accesses through it are invisible to TVM's barrier planner."""
-        return base + T.Cast("uint32", offset * dtype_bytes)
-
-    @T.macro
-    def load_b(sb, Bs, B, kbase, n0, tid):
-        """B's rows ``kbase`` ... ``kbase + rows_b`` (zero past K), columns ``n0`` on, into Bs."""
-        for i in range(-(-b_chunks // NT)):
-            e = T.meta_var(i * NT + tid)
-            if e < b_chunks:
-                if p.bmode == "raw":
-                    src = T.meta_var(kbase * feat + e * 8)
-                    cp(shared_at(sb[2], e * 8, 2),
-                       B.access_ptr("r", offset=T.if_then_else(src < B.shape[0] * feat, src, 0), extent=8), 16,
-                       T.Cast("uint32", T.if_then_else(src < B.shape[0] * feat,
-                                                       T.min(B.shape[0] * feat - src, 8) * 2, 0)))
-                elif p.vec:
-                    k = T.meta_var(kbase + e // (nb // 8))
-                    n = T.meta_var(n0 + e % (nb // 8) * 8)
-                    cp(shared_at(sb[2], e // (nb // 8) * BP + e % (nb // 8) * 8, 2),
-                       B.access_ptr("r", offset=T.min(k, B.shape[0] - 1) * feat + T.min(n, feat - 8), extent=8), 16,
-                       T.Cast("uint32", T.if_then_else(T.And(k < B.shape[0], n < feat), 16, 0)))
-                else:
-                    k = T.meta_var(kbase + e // nb)
-                    n = T.meta_var(n0 + e % nb)
-                    Bs[e // nb * BP + e % nb] = T.if_then_else(T.And(k < B.shape[0], n < feat),
-                                                               B[T.min(k, B.shape[0] - 1), T.min(n, feat - 1)],
-                                                               T.float16(0))
+    ms = macros(p)
+    cp, full, sum_each = ms.cp, ms.full, ms.sum_each
+    syncwarp, shared_at, load_b, multiply_tile = ms.syncwarp, ms.shared_at, ms.load_b, ms.multiply
+    write_c, reduce_cluster = ms.write_c, ms.reduce_cluster
 
     @T.macro
     def issue(sb, words, values, t, lo, hi, tile_id, w, tx):
@@ -272,77 +231,6 @@ def spmm(tile=(16, 64), feat: int = 16, nb: int = 16, warps: int = 8, stages: in
         else:  # a tile with more values than the slot: read them where they are
             pos[0] = pos[0] + dc[0] - dc[0] % 8
             scatter(As, values, hw, bits, pos, w, slot, tx, True)
-
-    @T.macro
-    def multiply(sb, Bs, af, bf, acc, w, j, tx):
-        """The dense buffer times B's rows of the phase's local tile ``j``."""
-        for kk in T.unroll(TC // 16):
-            if p.bmode == "raw":  # B's run as copied: row k at k * feat
-                for n in T.unroll(nt):
-                    for r in T.unroll(2):
-                        k = T.meta_var((j * TC + kk * 16 + r * 8 + tx % 4 * 2) * feat + T.min(n * 8 + tx // 4, feat - 1))
-                        bf[n * 2 + r] = T.call_extern(
-                            "uint32", "__pack_half2",
-                            T.if_then_else(n * 8 + tx // 4 < feat, Bs[k], T.float16(0)),
-                            T.if_then_else(n * 8 + tx // 4 < feat, Bs[k + feat], T.float16(0)))
-            elif nb == 8:
-                ldm_t2(bf[0], bf[1], Bs.access_ptr("r", offset=(j * TC + kk * 16 + tx % 16) * BP, extent=8))
-            else:
-                for q in T.unroll(nb // 16):
-                    ldm_t(bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3],
-                          Bs.access_ptr("r", offset=(j * TC + kk * 16 + tx % 16) * BP + q * 16 + tx // 16 * 8,
-                                        extent=8))
-            for m in T.unroll(mt):
-                ldm(af[0], af[1], af[2], af[3],
-                    shared_at(sb[3], w * TR * AP + (m * 16 + tx % 16) * AP + kk * 16 + tx // 16 * 8, 2))
-                for n in T.unroll(nt):
-                    a = T.meta_var((m * nt + n) * 4)
-                    bi = T.meta_var(n * 2 if p.bmode == "raw" else (n // 2 * 4 + n % 2 * 2 if nb > 8 else 0))
-                    mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3], bf[bi], bf[bi + 1],
-                        acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
-
-    @T.macro
-    def write_c(C, acc, row0, n0, tx):
-        """Each lane's accumulators into C: rows from ``row0``, columns from ``n0``."""
-        for m in T.unroll(mt):
-            for n in T.unroll(nt):
-                for h in T.unroll(2):
-                    for e in T.unroll(2):
-                        row = T.meta_var(row0 + m * 16 + tx // 4 + h * 8)
-                        col = T.meta_var(n0 + n * 8 + tx % 4 * 2 + e)
-                        if row < C.shape[0] and col < feat:
-                            C[row, col] = acc[(m * nt + n) * 4 + h * 2 + e]
-
-    @T.macro
-    def reduce_cluster(C, Red, Vs, acc, mapped, sums, rank, row0, n0, w, tx, tid):
-        """The cluster's partial tiles summed: each CTA's in its shared memory, then CTA
-        ``rank`` adds its share of the elements across the cluster and stores them."""
-        for m in T.unroll(mt):
-            for n in T.unroll(nt):
-                for h in T.unroll(2):
-                    for e in T.unroll(2):
-                        Red[(w * TR + m * 16 + tx // 4 + h * 8) * nb + n * 8 + tx % 4 * 2 + e] = \
-                            acc[(m * nt + n) * 4 + h * 2 + e]
-        T.ptx.barrier.cluster.arrive()
-        T.ptx.barrier.cluster.wait()
-        for i in T.unroll(sum_each):
-            sums[i] = T.float32(0)
-        for q in range(S):  # a loop TVM keeps: the remote views are bound inside it
-            T.evaluate(T.ptx.mapa.u64(mapped[0], Vs.access_ptr("r"), T.Cast("uint32", q)))  # Red's base in CTA q
-            remote_ptr = Var("remote_red", PointerType(PrimType("float32"), "shared"))
-            T.Bind(T.reinterpret(PointerType(PrimType("float32"), "shared"), mapped[0]), var=remote_ptr)
-            remote = T.decl_buffer((p.red,), "float32", data=remote_ptr, scope="shared")
-            for i in T.unroll(sum_each):
-                if T.And(i * NT + tid < share, rank * share + i * NT + tid < p.red):
-                    sums[i] = sums[i] + remote[rank * share + i * NT + tid]
-        for i in T.unroll(sum_each):
-            e = T.meta_var(rank * share + i * NT + tid)
-            row = T.meta_var(row0 + e // nb)
-            col = T.meta_var(n0 + e % nb)
-            if T.And(T.And(i * NT + tid < share, e < p.red), T.And(row < C.shape[0], col < feat)):
-                C[row, col] = sums[i]
-        T.ptx.barrier.cluster.arrive()
-        T.ptx.barrier.cluster.wait()
 
     @T.prim_func(s_tir=True)
     def tiled_stream(w_h: T.handle, o_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
@@ -434,7 +322,7 @@ def spmm(tile=(16, 64), feat: int = 16, nb: int = 16, warps: int = 8, stages: in
                 if dc[1] > dc[0]:  # tiles without values add nothing
                     decode(As, Vs, Ws32, values, hw, bits, run, pos, dc, ty, (t0 + j) % D, tx)
                     syncwarp()
-                    multiply(sb, Bs, af, bf, acc, ty, j, tx)
+                    multiply_tile(Bs, af, bf, acc, sb[3] + T.Cast("uint32", ty * TR * AP * 2), j * TC, tx)
                     syncwarp()  # the MMAs' reads of the dense buffer before the next decode
             wait(0)
             T.tvm_storage_sync("shared")  # every warp done with B's rows before the next phase's

@@ -89,6 +89,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance),
                                      shape=None if instance is None else instance.shape,
                                      density=_density(instance))
+    if packed is not None and tensorcore_packed.defers(packed, knobs):
+        packed = None  # the block-row BSR template's knobs were given
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
         mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]
