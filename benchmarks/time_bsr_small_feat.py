@@ -34,7 +34,7 @@ def sweep_knobs(bs: int, feat: int):
     from sparsec.schedules import tensorcore as tc
 
     if feat <= bsr_stream.MAX_FEAT:
-        out = [{"warps": w, "cluster": c} for w in (8, 4, 2) for c in (8, 4, 2, 1)]
+        out = [{"warps": w, "cluster": c} for w in (16, 8, 4, 2) for c in (8, 4, 2, 1)]
         return out + [{"stages": 2}, {"stages": 6}, {"warps": 4, "stages": 6}]
 
     n_tiles = (16, 8) if feat <= 16 else (64, 32, 16)
@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="90 %% sparsity only")
     ap.add_argument("--knobs", type=json.loads, default=None, help="knobs for every case (JSON), else defaults")
     ap.add_argument("--cases", nargs="+", help="only the cases whose name contains one of these")
+    ap.add_argument("--blockrow", action="store_true",
+                    help="also time the block-row template (schedules.tensorcore) with its default knobs, side by side")
     ap.add_argument("--out")
     args = ap.parse_args()
     timed = make_timed("cuda")
@@ -129,6 +131,15 @@ def main():
             dense_ms = timed(lambda _: torch.matmul(At, B), [None])
             rows.append({"case": name, "shape": list(dense.shape), "block": b, "feat": feat, "knobs": k.knobs,
                          "ok": ok, "err": err, "sparsec_ms": ms, "dense_ms": dense_ms, "speedup": dense_ms / ms})
+            if args.blockrow:
+                from sparsec.schedules import tensorcore
+
+                old = tensorcore.default_knobs(b, feat, dense.shape)
+                kb = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=old)
+                okb, _, msb, _ = check_and_time(kb, A, dense, feat, timed, torch)
+                rows[-1].update(blockrow_ms=msb, blockrow_ok=okb, blockrow_knobs=old, blockrow_speedup=dense_ms / msb)
+                rows[-1]["ok"] = ok and okb
+                print(f"    block-row template {msb:.4f} ms x{dense_ms / msb:.2f}", flush=True)
             print(f"{'ok ' if ok else 'BAD'} {name:<34} feat={feat:<3} {ms:.4f} ms dense {dense_ms:.4f} ms "
                   f"x{dense_ms / ms:.2f} {k.knobs}", flush=True)
     sweep = []
@@ -168,6 +179,10 @@ def main():
         if sp:
             summary[feat] = {"min": min(sp), "geomean": float(np.exp(np.mean(np.log(sp)))), "cases": len(sp),
                              "slower_than_dense": sum(s < 1 for s in sp)}
+        br = [r["blockrow_speedup"] for r in rows if r["feat"] == feat and "blockrow_speedup" in r]
+        if br:
+            summary[feat].update(blockrow_min=min(br), blockrow_geomean=float(np.exp(np.mean(np.log(br)))),
+                                 blockrow_slower=sum(s < 1 for s in br))
         swept = [max(r["swept_speedup"], r["speedup"]) for r in rows if r["feat"] == feat and "swept_speedup" in r]
         if swept:
             summary[feat].update(swept_min=min(swept), swept_geomean=float(np.exp(np.mean(np.log(swept)))),
@@ -179,6 +194,9 @@ def main():
         Path(path).write_text(json.dumps(result, indent=1))
     print(f"{'feat':>5} {'cases':>6} {'min x':>7} {'geomean x':>10} {'slower':>7}   with the sweep's best knobs")
     for feat, s in summary.items():
+        if "blockrow_min" in s:
+            print(f"{feat:>5} block-row template: min x{s['blockrow_min']:.2f} geomean x{s['blockrow_geomean']:.2f} "
+                  f"slower {s['blockrow_slower']}")
         print(f"{feat:>5} {s['cases']:>6} {s['min']:>7.2f} {s['geomean']:>10.2f} {s['slower_than_dense']:>7}   "
               f"{s.get('swept_min', float('nan')):.2f} / {s.get('swept_geomean', float('nan')):.2f} / "
               f"{s.get('swept_slower', '-')}")

@@ -35,7 +35,7 @@ from .warp_mma import check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 STATIC_LIMIT = 48 * 1024  # of it, statically declared
-KNOBS = {"nb": (16, 8, 32, 64), "warps": (8, 4, 2), "stages": (4, 3, 2, 6), "cluster": (8, 4, 2, 1),
+KNOBS = {"nb": (16, 8, 32, 64), "warps": (8, 4, 2, 16), "stages": (4, 3, 2, 6), "cluster": (8, 4, 2, 1),
          "bk": (64, 32, 16, 8, 4, 128, 256)}
 SMS = 132  # streaming multiprocessors of an H100 / H200 SXM: the default grid is sized for them
 SM_SHARED = 228 * 1024  # shared memory of one
@@ -82,8 +82,8 @@ def plan(block, feat: int, nb: int, warps: int, stages: int, cluster: int, bk: i
     # TVM's runtime raises a kernel's dynamic limit only for 48 KiB or more: a launch over
     # 48 KiB in all takes at least that much dynamic memory
     if p.static + dyn > STATIC_LIMIT and dyn < STATIC_LIMIT:
-        p.vs_halves += (STATIC_LIMIT - dyn) // 2 + 64
-        dyn = STATIC_LIMIT + 128
+        p.vs_halves += ((STATIC_LIMIT - dyn) // 2 + 64 + 63) // 64 * 64  # B's stage stays 128-byte aligned
+        dyn = p.vs_halves * 2 + (0 if bmode == "reg" else p.b_halves * 2)
     p.smem = p.static + dyn
     if p.static > STATIC_LIMIT:
         raise ValueError(f"block {r}x{c} with nb={nb}, bk={bk} needs {p.static} bytes of static shared memory "
@@ -104,34 +104,47 @@ def _fits(block, feat, knobs) -> bool:
     return True
 
 
+SM_BYTES_PER_NS = 40.0  # what one SM moves from L2 / HBM into shared memory (H100 / H200, about)
+STEP_NS = 700.0  # one dependent round trip to memory: the prologue's loads, a phase of B, a cluster barrier
+
+
+def estimate_ns(block, feat: int, knobs: dict, rows: int, cols: int, density: float) -> float:
+    """A rough time for ``knobs`` on a ``rows`` x ``cols`` matrix with ``density`` of its
+    blocks stored: the CTAs an SM holds move their bytes (B's rows for their part of K,
+    once per CTA, and their slices' blocks) through that SM's share of the memory
+    bandwidth, plus a few dependent round trips (the row's offsets and columns, each phase
+    of B, the cluster's reduction), and again per wave beyond the first."""
+    r, c = (int(b) for b in block)
+    p = plan(block, feat, **knobs)
+    k_blocks = max(-(-cols // c), 1)
+    per = -(-k_blocks // p.S)
+    slices = max(-(-max(rows, 1) // r), 1) * p.SL
+    ctas = -(-slices // p.W) * p.nch * p.S
+    b_bytes = per * c * p.nb * 2
+    w_bytes = p.W * p.TR * per * c * max(density, 0.01) * 2 * p.nch
+    waves = -(-ctas // max(int(0.9 * SMS * p.ctas_per_sm), 1))
+    phases = -(-per // p.bk)
+    return (-(-ctas // SMS) * (b_bytes + w_bytes) / SM_BYTES_PER_NS
+            + STEP_NS * (2 + phases + (1 if p.S > 1 else 0)) * waves)
+
+
 def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3) -> dict:
     """Columns of B a CTA takes (the features, rounded up to 8, 16, 32 or 64); then, among
-    warps (8, 4, 2), cluster sizes (8, 4, 2, 1) and B phases whose buffers fit, the least
-    estimated time for a matrix of ``rows`` x ``cols`` with ``density`` of its blocks
-    stored: waves of CTAs (H100/H200, 132 SMs; a partial wave costs a full one) times a
-    warp's blocks, plus a few blocks' worth per phase of B and per cluster reduction.
-    More warps (B shared more widely) and fewer phases break ties."""
+    warps (16, 8, 4, 2) and cluster sizes (8, 4, 2, 1), each with the fewest phases of B
+    that fit, the least :func:`estimate_ns` for a matrix of ``rows`` x ``cols`` (a 4096 x
+    4096 one where unknown) with ``density`` of its blocks stored."""
     feat = max(int(feat), 1)
-    r, c = (int(b) for b in block)
     nb = next((n for n in (8, 16, 32, 64) if n >= feat), 64)
-    tr = slice_rows(block)
-    k_blocks = -(-cols // c) if cols else 64
+    rows, cols = rows or 4096, cols or 4096
     best = None
-    for warps in (8, 4, 2):
+    for warps in (8, 16, 4, 2):
         for cluster in (8, 4, 2, 1):
-            per = -(-k_blocks // cluster)
             for bk in sorted(KNOBS["bk"], reverse=True):
                 knobs = {"nb": nb, "warps": warps, "stages": 4, "cluster": cluster, "bk": bk}
                 if not _fits(block, feat, knobs):
                     continue
-                p = plan(block, feat, **knobs)
-                slots = int(0.9 * SMS * p.ctas_per_sm)  # CTAs at once, less what cluster placement loses
-                ctas = -(-(-(-max(rows, 1) // tr)) // warps) * p.nch * cluster
-                phases = -(-per // bk)
-                work = per * max(density, 0.02) * (r * c) / (16 * 64)  # a warp's blocks, in 16 x 64 tiles
-                cost = -(-ctas // slots) * (work + 2 * phases + (2 if cluster > 1 else 0) + 2)
-                key = (round(cost, 3), -warps, phases, -cluster)
-                if best is None or key < best[0]:
+                key = estimate_ns(block, feat, knobs, rows, cols, density)
+                if best is None or key < best[0] * 0.98:  # a clear gain over the earlier (wider) choice
                     best = (key, knobs)
                 break  # the widest bk that fits: fewer phases
     return best[1] if best else {"nb": nb, "warps": 2, "stages": 2, "cluster": 8, "bk": 4}
@@ -212,9 +225,13 @@ def spmm(block=(16, 16), feat: int = 16, nb: int = 16, warps: int = 8, stages: i
             T.launch_thread(cx, S)
         T.launch_thread(ty, W)
         T.launch_thread(tx, 32)
-        Vs = T.alloc_buffer((p.vs_halves,), "float16", scope="shared.dyn", align=128)
-        Bs = T.alloc_buffer((p.b_halves,), "float16", scope="shared" if p.bmode == "reg" else "shared.dyn",
+        # one dynamic buffer: the slots (and the cluster's partial tiles), then B's stage
+        Vs = T.alloc_buffer((p.vs_halves + (0 if p.bmode == "reg" else p.b_halves),), "float16", scope="shared.dyn",
                             align=128)
+        if p.bmode == "reg":
+            Bs = T.alloc_buffer((p.b_halves,), "float16", scope="shared", align=128)
+        else:
+            Bs = T.decl_buffer((p.b_halves,), "float16", data=Vs.data, elem_offset=p.vs_halves, scope="shared.dyn")
         Red = T.decl_buffer((p.red,), "float32", data=Vs.data, scope="shared.dyn")
         sb = T.alloc_buffer((4,), "uint32", scope="local")  # shared addresses of Vs, -, Bs, -
         acc = T.alloc_buffer((mt * nt * 4,), "float32", scope="local")
@@ -246,7 +263,7 @@ def spmm(block=(16, 16), feat: int = 16, nb: int = 16, warps: int = 8, stages: i
             rng[2] = rng[0] + cnt[0]
         for ph in range((cnt_cols + bk - 1) // bk):  # B's rows for bk block columns at a time
             c0 = T.meta_var(g0 + ph * bk)  # the phase's first block column
-            load_b(sb, Bs, B, c0 * Cb, n0, tid)
+            load_b(sb, Bs, B, c0 * Cb, T.min(bk, cnt_cols - ph * bk) * Cb, n0, tid)  # the phase's rows only
             commit()
             count_below(cnt, go, indices, rng[2], rng[1], T.min(c0 + bk, g0 + per), tx)
             column_window(iw, indices, rng[2], rng[1], tx)

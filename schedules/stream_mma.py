@@ -33,7 +33,10 @@ def macros(p) -> SimpleNamespace:
     ldm_t2 = T.ptx["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"]
     mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
     full = T.uint32(0xFFFFFFFF)
-    b_chunks = {"vec": p.rows_b * nb // 8, "raw": -(-p.rows_b * feat // 8), "reg": p.rows_b * nb}[p.bmode]
+
+    def b_chunks(rows):
+        """Copies (16-byte chunks, or halves with "reg") of ``rows`` rows of B's stage."""
+        return {"vec": rows * (nb // 8), "raw": (rows * feat + 7) // 8, "reg": rows * nb}[p.bmode]
     share = -(-p.red // S)  # elements of the partial tile a CTA of the cluster sums
     sum_each = -(-share // NT)  # of them, a thread's
 
@@ -46,11 +49,12 @@ def macros(p) -> SimpleNamespace:
         return base + T.Cast("uint32", offset * dtype_bytes)
 
     @T.macro
-    def load_b(sb, Bs, B, kbase, n0, tid):
-        """B's rows ``kbase`` ... ``kbase + rows_b`` (zero past K), columns ``n0`` on, into Bs."""
-        for i in range(-(-b_chunks // NT)):
+    def load_b(sb, Bs, B, kbase, rows, n0, tid):
+        """B's rows ``kbase`` ... ``kbase + rows`` (``rows`` at most ``rows_b``; zero past K),
+        columns ``n0`` on, into Bs."""
+        for i in range((b_chunks(rows) + NT - 1) // NT):
             e = T.meta_var(i * NT + tid)
-            if e < b_chunks:
+            if e < b_chunks(rows):
                 if p.bmode == "raw":
                     src = T.meta_var(kbase * feat + e * 8)
                     cp(shared_at(sb[2], e * 8, 2),

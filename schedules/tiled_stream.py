@@ -302,7 +302,7 @@ def spmm(tile=(16, 64), feat: int = 16, nb: int = 16, warps: int = 8, stages: in
         for ph in range((cnt + bk - 1) // bk):  # B's rows for bk tile columns at a time
             t0 = T.meta_var(ph * bk)
             tn = T.meta_var(T.min(bk, cnt - ph * bk))
-            load_b(sb, Bs, B, (g0 + t0) * TC, n0, tid)
+            load_b(sb, Bs, B, (g0 + t0) * TC, p.rows_b, n0, tid)
             commit()
             for s in T.unroll(D - 1):  # each warp's first stages
                 if T.And(live, s < tn):
