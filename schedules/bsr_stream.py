@@ -122,32 +122,42 @@ def estimate_ns(block, feat: int, knobs: dict, rows: int, cols: int, density: fl
     ctas = -(-slices // p.W) * p.nch * p.S
     b_bytes = per * c * p.nb * 2
     w_bytes = p.W * p.TR * per * c * max(density, 0.01) * 2 * p.nch
-    waves = -(-ctas // max(int(0.9 * SMS * p.ctas_per_sm), 1))
+    # CTAs at once: clusters are placed whole inside a GPC, which leaves SMs idle when
+    # each holds a CTA or two (about 15 clusters of 8 at one CTA an SM on an H100 / H200)
+    at_once = SMS * p.ctas_per_sm if p.S == 1 else (SMS * p.ctas_per_sm // p.S) * p.S * (0.9 if p.S < 8 else 0.85)
+    waves = -(-ctas // max(int(at_once), 1))
     phases = -(-per // p.bk)
     return (-(-ctas // SMS) * (b_bytes + w_bytes) / SM_BYTES_PER_NS
             + STEP_NS * (2 + phases + (1 if p.S > 1 else 0)) * waves)
 
 
-def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3) -> dict:
+def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None) -> dict:
     """Columns of B a CTA takes (the features, rounded up to 8, 16, 32 or 64); then, among
     warps (16, 8, 4, 2) and cluster sizes (8, 4, 2, 1), each with the fewest phases of B
-    that fit, the least :func:`estimate_ns` for a matrix of ``rows`` x ``cols`` (a 4096 x
-    4096 one where unknown) with ``density`` of its blocks stored."""
+    (the narrowest stage that holds the CTA's part of K, else the widest that fits), the
+    least :func:`estimate_ns` for a matrix of ``rows`` x ``cols`` (4096 x 4096 where
+    unknown) with ``density`` of its blocks stored. ``fixed``: knobs already chosen (the
+    search then runs over the others)."""
     feat = max(int(feat), 1)
-    nb = next((n for n in (8, 16, 32, 64) if n >= feat), 64)
+    fixed = dict(fixed or {})
+    nb = fixed.get("nb", next((n for n in (8, 16, 32, 64) if n >= feat), 64))
     rows, cols = rows or 4096, cols or 4096
+    k_blocks = max(-(-cols // int(block[1])), 1)
     best = None
-    for warps in (8, 16, 4, 2):
-        for cluster in (8, 4, 2, 1):
-            for bk in sorted(KNOBS["bk"], reverse=True):
-                knobs = {"nb": nb, "warps": warps, "stages": 4, "cluster": cluster, "bk": bk}
+    for warps in (fixed["warps"],) if "warps" in fixed else (8, 16, 4, 2):
+        for cluster in (fixed["cluster"],) if "cluster" in fixed else (8, 4, 2, 1):
+            per = -(-k_blocks // cluster)
+            widths = sorted(KNOBS["bk"])
+            order = [w for w in widths if w >= per][:1] + sorted((w for w in widths if w < per), reverse=True)
+            for bk in (fixed["bk"],) if "bk" in fixed else order:
+                knobs = {"nb": nb, "warps": warps, "stages": fixed.get("stages", 4), "cluster": cluster, "bk": bk}
                 if not _fits(block, feat, knobs):
                     continue
                 key = estimate_ns(block, feat, knobs, rows, cols, density)
-                if best is None or key < best[0] * 0.98:  # a clear gain over the earlier (wider) choice
+                if best is None or key < best[0] * 0.98:  # a clear gain over the earlier choice
                     best = (key, knobs)
-                break  # the widest bk that fits: fewer phases
-    return best[1] if best else {"nb": nb, "warps": 2, "stages": 2, "cluster": 8, "bk": 4}
+                break  # the first that fits: fewest phases, least shared memory
+    return best[1] if best else {"nb": nb, "warps": 2, "stages": 2, "cluster": 8, "bk": 4, **fixed}
 
 
 def spmm(block=(16, 16), feat: int = 16, nb: int = 16, warps: int = 8, stages: int = 4, cluster: int = 8,

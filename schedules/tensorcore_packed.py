@@ -506,7 +506,7 @@ def _bsr_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
     density where known."""
     m = match(program, "cuda")
     rows, cols = shape if shape else (0, 0)
-    return {**bsr_stream.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density), **knobs}
+    return bsr_stream.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs)
 
 
 def _bsr_prune(program, knobs) -> Optional[str]:
@@ -536,10 +536,28 @@ def bsr_stream_spmm(built, program, *, nb: int, warps: int, stages: int, cluster
     built.mod = IRModule({program.name: func})
 
 
+# where bsr_stream beats the block-row template (H200, benchmarks/results/bsr_small_feat_H200.json):
+# a matrix with at least this share of its blocks stored and this many columns; sparser or
+# shorter rows are a few blocks each, and the block-row template's shorter prologue wins
+BSR_STREAM_MIN_DENSITY = 0.2
+BSR_STREAM_MIN_COLS = 1024
+
+
 def defers(m: PackedSpmm, knobs=None) -> bool:
-    """True where knobs of the block-row BSR template (``schedules.tensorcore``: n_tile,
-    k_split, ...) are given for a program ``bsr_stream`` would take: that template runs."""
-    return m.layout == "bsr_blocks" and bool(knobs) and bool(set(knobs) - set(bsr_stream.KNOBS))
+    """True where the block-row BSR template (``schedules.tensorcore``) runs a program
+    ``bsr_stream`` could take: its knobs (n_tile, k_split, ...) are given; or no stream knob
+    is, and the matrix compiled for (if any) is sparser or narrower than where the stream
+    kernel wins (a format spec alone: the block-row template too)."""
+    if m.layout != "bsr_blocks":
+        return False
+    knobs = knobs or {}
+    if set(knobs) - set(bsr_stream.KNOBS):
+        return True
+    if knobs:
+        return False
+    if m.sized_for is None or m.density is None:
+        return True
+    return m.density < BSR_STREAM_MIN_DENSITY or m.sized_for[1] < BSR_STREAM_MIN_COLS
 
 
 STREAM_MAX_FEAT = 64  # above, the tiled kernel that shares its decoded tiles across more columns

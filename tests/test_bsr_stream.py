@@ -129,7 +129,7 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     from sparsec.schedules.tensorcore_packed import bsr_stream_spmm
 
     assert set(bsr_stream_spmm.knobs) == set(bs.KNOBS)
-    w = np.random.default_rng(0).standard_normal((200, 333)).astype(np.float16)
+    w = np.random.default_rng(0).standard_normal((200, 1100)).astype(np.float16)
     w[:, 64:200] = 0
     inst = formats.convert(w, "bsr:32x32")
     k = sparsec.compile("spmm", inst, target="cuda", feat=16)
@@ -141,6 +141,14 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     assert "n_tile" in sparsec.compile("spmm", "bsr:32x32", target="cuda", feat=16, dtype="bfloat16").knobs
     with pytest.raises(ValueError, match="warps should be one of"):
         sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"warps": 3})
+    # where the block-row template wins: few blocks a row (sparse, or short rows) or no matrix
+    # to judge by; a stream knob given still takes the stream kernel
+    w[:, 256:] = 0
+    sparse = formats.convert(w, "bsr:32x32")
+    assert "n_tile" in sparsec.compile("spmm", sparse, target="cuda", feat=16).knobs
+    assert "n_tile" in sparsec.compile("spmm", formats.convert(w[:, :512], "bsr:32x32"), target="cuda", feat=16).knobs
+    assert "n_tile" in sparsec.compile("spmm", "bsr:32x32", target="cuda", feat=16, dtype="float16").knobs
+    assert sparsec.compile("spmm", sparse, target="cuda", feat=16, knobs={"warps": 4}).knobs["warps"] == 4
 
     mine = dsl.Operator("my_product", "Y = W @ X, written by a user")
     i = mine.dense_fixed("i")
