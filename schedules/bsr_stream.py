@@ -35,7 +35,7 @@ from .warp_mma import check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 STATIC_LIMIT = 48 * 1024  # of it, statically declared
-KNOBS = {"nb": (16, 8, 32, 64), "warps": (8, 4, 2, 16), "stages": (4, 3, 2, 6), "cluster": (8, 4, 2, 1),
+KNOBS = {"nb": (16, 8, 32, 64), "warps": (8, 4, 2, 16), "stages": (4, 3, 2, 6, 8), "cluster": (8, 4, 2, 1),
          "bk": (64, 32, 16, 8, 4, 128, 256)}
 SMS = 132  # streaming multiprocessors of an H100 / H200 SXM: the default grid is sized for them
 SM_SHARED = 228 * 1024  # shared memory of one
