@@ -105,15 +105,16 @@ def _fits(block, feat, knobs) -> bool:
 
 
 SM_BYTES_PER_NS = 40.0  # what one SM moves from L2 / HBM into shared memory (H100 / H200, about)
+CLUSTERS_OF_8 = 15  # clusters of 8 CTAs co-resident a CTA an SM (GPCs of 16-18 SMs)
 STEP_NS = 700.0  # one dependent round trip to memory: the prologue's loads, a phase of B, a cluster barrier
 
 
 def estimate_ns(block, feat: int, knobs: dict, rows: int, cols: int, density: float) -> float:
     """A rough time for ``knobs`` on a ``rows`` x ``cols`` matrix with ``density`` of its
-    blocks stored: the CTAs an SM holds move their bytes (B's rows for their part of K,
-    once per CTA, and their slices' blocks) through that SM's share of the memory
-    bandwidth, plus a few dependent round trips (the row's offsets and columns, each phase
-    of B, the cluster's reduction), and again per wave beyond the first."""
+    blocks stored, per wave of CTAs: the CTAs an SM holds move their bytes (B's rows for
+    their part of K, once per CTA, and their slices' blocks) through that SM's share of the
+    memory bandwidth, after a few dependent round trips (the row's offsets and columns, each
+    phase of B, the cluster's reduction)."""
     r, c = (int(b) for b in block)
     p = plan(block, feat, **knobs)
     k_blocks = max(-(-cols // c), 1)
@@ -122,13 +123,15 @@ def estimate_ns(block, feat: int, knobs: dict, rows: int, cols: int, density: fl
     ctas = -(-slices // p.W) * p.nch * p.S
     b_bytes = per * c * p.nb * 2
     w_bytes = p.W * p.TR * per * c * max(density, 0.01) * 2 * p.nch
-    # CTAs at once: clusters are placed whole inside a GPC, which leaves SMs idle when
-    # each holds a CTA or two (about 15 clusters of 8 at one CTA an SM on an H100 / H200)
-    at_once = SMS * p.ctas_per_sm if p.S == 1 else (SMS * p.ctas_per_sm // p.S) * p.S * (0.9 if p.S < 8 else 0.85)
+    # CTAs at once: clusters are placed whole inside a GPC, which leaves SMs idle; about 15
+    # clusters of 8 a CTA an SM fit an H100 / H200 at once (at 128 CTAs of a 4096 x 4096
+    # weight, clusters of 8 measured 1.5x slower than of 4: results/sweep_bsr_stream_H200.json)
+    at_once = SMS * p.ctas_per_sm if p.S == 1 else (
+        CLUSTERS_OF_8 * 8 * p.ctas_per_sm if p.S == 8 else int(0.9 * (SMS * p.ctas_per_sm // p.S) * p.S))
     waves = -(-ctas // max(int(at_once), 1))
     phases = -(-per // p.bk)
-    return (-(-ctas // SMS) * (b_bytes + w_bytes) / SM_BYTES_PER_NS
-            + STEP_NS * (2 + phases + (1 if p.S > 1 else 0)) * waves)
+    per_sm = -(-min(ctas, max(int(at_once), 1)) // SMS)  # CTAs an SM holds in a wave
+    return waves * (per_sm * (b_bytes + w_bytes) / SM_BYTES_PER_NS + STEP_NS * (2 + phases + (1 if p.S > 1 else 0)))
 
 
 def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None) -> dict:
