@@ -31,7 +31,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from .stream_mma import PAD, macros
-from .warp_mma import check_sizes, compile_for
+from .warp_mma import check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 STATIC_LIMIT = 48 * 1024  # of it, statically declared
@@ -61,9 +61,7 @@ def plan(block, feat: int, nb: int, warps: int, stages: int, cluster: int, bk: i
     check_block(block)
     r, c = (int(b) for b in block)
     check_sizes(feat=feat, nb=nb, warps=warps, stages=stages, cluster=cluster, bk=bk)
-    for name, value in (("nb", nb), ("warps", warps), ("stages", stages), ("cluster", cluster), ("bk", bk)):
-        if value not in KNOBS[name]:
-            raise ValueError(f"{name} should be one of {sorted(KNOBS[name])}, got {value!r}")
+    check_knobs({"nb": nb, "warps": warps, "stages": stages, "cluster": cluster, "bk": bk}, KNOBS)
     if feat > MAX_FEAT:
         raise ValueError(f"feat should be at most {MAX_FEAT} (wider B takes the block-row template), got {feat}")
     TR = slice_rows(block)

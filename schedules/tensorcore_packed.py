@@ -472,13 +472,19 @@ def _stream_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
     return {**tiled_stream.default_knobs(m.feat, rows, cols, m.tile, 1.0 if density is None else density), **knobs}
 
 
-def _stream_prune(program, knobs) -> Optional[str]:
+def _plan_problem(plan, resolve, program, knobs) -> Optional[str]:
+    """What ``plan`` (a streaming kernel's size check) refuses in ``program``'s knobs as
+    ``resolve`` completes them, or None."""
     m = match(program, "cuda")
     try:
-        tiled_stream.plan(m.tile, m.feat, **_stream_resolve(program, knobs))
+        plan(m.tile, m.feat, **resolve(program, knobs))
     except ValueError as e:
         return str(e)
     return None
+
+
+def _stream_prune(program, knobs) -> Optional[str]:
+    return _plan_problem(tiled_stream.plan, _stream_resolve, program, knobs)
 
 
 # the tuner's small space: warps and stages around the default, cluster sizes, slot sizes
@@ -510,12 +516,7 @@ def _bsr_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
 
 
 def _bsr_prune(program, knobs) -> Optional[str]:
-    m = match(program, "cuda")
-    try:
-        bsr_stream.plan(m.tile, m.feat, **_bsr_resolve(program, knobs))
-    except ValueError as e:
-        return str(e)
-    return None
+    return _plan_problem(bsr_stream.plan, _bsr_resolve, program, knobs)
 
 
 _BSR_SMALL = {"warps": (8, 4), "stages": (4, 3), "cluster": (8, 4, 2), "bk": (64, 16)}
