@@ -161,3 +161,23 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     with mine.iterate([i, f], "SS") as (ii, ff):  # an epilogue: the block-row template carries it
         Y[ii, ff] = dsl.relu(Y[ii, ff])
     assert "n_tile" in sparsec.compile(mine, inst, target="cuda", feat=8).knobs
+
+
+def test_templates_name_the_kernel_compile_would_build():
+    """``schedules.templates`` (what the tuner derives its space from) names the block-row
+    template for a BSR float16 SpMM of a format spec alone, and the streaming kernel's
+    transformation once one of its knobs is given; bfloat16 never reaches it."""
+    from sparsec import ops
+    from sparsec.formats import make_format
+    from sparsec.lower import lower_program
+    from sparsec.schedules import templates
+    from sparsec.schedules.tensorcore import bsr_tensorcore
+    from sparsec.schedules.tensorcore_packed import bsr_stream_spmm
+
+    def named(dtype, knobs=None):
+        _, program = lower_program(ops.get("spmm"), make_format("bsr:32x32"), {"feat": 16}, dtype, atomics=True)
+        return [u.transformation for u in templates(program, "cuda", knobs)]
+
+    assert named("float16") == [bsr_tensorcore]
+    assert named("float16", {"cluster": 4}) == [bsr_stream_spmm]
+    assert named("bfloat16", {"cluster": 4}) == [bsr_tensorcore]
