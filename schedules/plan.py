@@ -32,13 +32,17 @@ class Use:
         return self.transformation.knobs_for(self.shapes)
 
 
-def templates(program, target_kind: str, knobs: Optional[dict] = None) -> List[Use]:
+def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Optional[Tuple[int, int]] = None,
+              density: Optional[float] = None) -> List[Use]:
     """The transformations the default schedule applies to ``program`` on ``target_kind``
     ("llvm" or "cuda"); ``knobs`` as far as they decide the template (the Tensor Core
-    template's ``n_tile``, a CUDA-core knob that keeps an SDDMM off Tensor Cores)."""
+    template's ``n_tile``, a CUDA-core knob that keeps an SDDMM off Tensor Cores);
+    ``shape`` and ``density`` (stored entries per element) of the matrix a kernel is
+    compiled for, where they decide it as they do in ``sparsec.compile`` (BSR float16 at few
+    columns: the streaming kernel or the block-row template)."""
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
-    packed = tensorcore_packed.match(program, target_kind)
+    packed = tensorcore_packed.match(program, target_kind, shape=shape, density=density)
     if packed is not None and not tensorcore_packed.defers(packed, knobs):
         return [Use(tensorcore_packed.transformation_for(packed), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):

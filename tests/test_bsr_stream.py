@@ -181,3 +181,22 @@ def test_templates_name_the_kernel_compile_would_build():
     assert named("float16") == [bsr_tensorcore]
     assert named("float16", {"cluster": 4}) == [bsr_stream_spmm]
     assert named("bfloat16", {"cluster": 4}) == [bsr_tensorcore]
+
+
+def test_the_tuner_searches_it_where_compile_builds_it_and_featurizes_its_knobs():
+    """For a matrix the streaming kernel takes, the tuner's BSR float16 candidates are its
+    knobs (the untuned one what sparsec.compile builds), and the cost model's features
+    accept them (its own knobs have no columns: the shipped model keeps its FEATURE_NAMES)."""
+    import scipy.sparse as sp
+
+    from sparsec.bench.suites import random_block_mask
+    from sparsec.tune import features
+    from sparsec.tune.space import Space
+
+    w = np.where(random_block_mask((1024, 4096), 16, 0.7, [1]), np.random.default_rng(1).standard_normal((1024, 4096)),
+                 0).astype(np.float32)
+    m = sp.csr_matrix(w)
+    s = Space("spmm", m, 64, "float16", families=("bsr",), size="small", target="cuda:sm_90a")
+    mine = [c for c in s.candidates if c["format"] == "bsr:16x16"]
+    assert mine and all(set(c["schedule_knobs"]) == set(bs.KNOBS) for c in mine)
+    assert features.feature_matrix(mine, features.MatrixContext(m)).shape == (len(mine), len(features.FEATURE_NAMES))

@@ -81,12 +81,13 @@ def feature_slices(feat: int) -> List[int]:
 
 
 @lru_cache(maxsize=256)
-def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str):
+def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str, shape=None, density=None):
     """The transformations (``schedules.plan.Use``) that schedule ``op`` over the format
-    ``spec`` at width ``feat`` on ``target_kind``, read off the lowered program."""
+    ``spec`` at width ``feat`` on ``target_kind``, read off the lowered program; ``shape``
+    and ``density``: of the matrix, where the template depends on it (BSR float16)."""
     _, program = lower_program(ops.get(op), make_format(spec), {"feat": feat}, dtype,
                                atomics=target_kind == "cuda")
-    return tuple(templates(program, target_kind))
+    return tuple(templates(program, target_kind, shape=shape, density=density))
 
 
 def candidate(op: str, fmt: str, feat: int, dtype: str = "float32", format_knobs=None, schedule_knobs=None) -> dict:
@@ -208,6 +209,9 @@ class Space:
         """The templates that schedule format ``fam`` (a spec such as ``bsr:4x4``) here."""
         family = fam.split(":")[0]
         spec = {"hyb": HYB_SHAPE_SPEC, "ell": f"ell:{max(int(self.stats['row_len_max']), 1)}"}.get(family, fam)
+        if family == "bsr":  # float16 at few columns: which BSR kernel depends on the matrix
+            shape = tuple(int(d) for d in self.matrix.shape)
+            return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, shape, self._density())
         return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind)
 
     def _written(self, knobs: dict, uses, resolve_all: bool = False) -> dict:
