@@ -90,7 +90,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
                                      shape=None if instance is None else instance.shape,
                                      density=_density(instance))
     if packed is not None and tensorcore_packed.defers(packed, knobs):
-        packed = None  # the block-row BSR template's knobs were given
+        packed = None  # BSR: the block-row template's knobs given, or a matrix where it wins
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))
         mod, params = sch.mod, [ParamSpec(*p) for p in tensorcore_packed.kernel_params(program, packed)]

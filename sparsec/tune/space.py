@@ -209,7 +209,7 @@ class Space:
         """The templates that schedule format ``fam`` (a spec such as ``bsr:4x4``) here."""
         family = fam.split(":")[0]
         spec = {"hyb": HYB_SHAPE_SPEC, "ell": f"ell:{max(int(self.stats['row_len_max']), 1)}"}.get(family, fam)
-        if family == "bsr":  # float16 at few columns: which BSR kernel depends on the matrix
+        if family == "bsr" and self.dtype == "float16":  # which BSR kernel runs depends on the matrix
             shape = tuple(int(d) for d in self.matrix.shape)
             return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, shape, self._density())
         return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind)
