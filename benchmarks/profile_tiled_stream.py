@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
     inst, keep = tiled.prune(w, sparsity=args.sparsity, tile=tile)
-    knobs = {**ts.default_knobs(args.tokens, rows, cols, tile), **json.loads(args.knobs)}
+    # the defaults sparsec.compile takes for this matrix (its density sizes the slots)
+    knobs = {**ts.default_knobs(args.tokens, rows, cols, tile, inst.nnz / max(rows * cols, 1)),
+             **json.loads(args.knobs)}
     fn = ts.build(tile, args.tokens, **knobs).mod["tiled_stream"]
     dev = tvm.cuda(0)
     ops = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in
