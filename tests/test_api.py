@@ -56,7 +56,7 @@ def test_without_tuning_logs_tuned_means_the_template_defaults(matrix, tmp_path,
 
 @pytest.mark.parametrize("fmt, knobs, message", [
     ("csr", "tuned", "'tuned' with a converted matrix, got 'tuned' with fmt=str"),
-    (None, "fast", "knobs should be a dict, or 'tuned' with a converted matrix, got 'fast'"),
+    (None, "fast", "knobs should be a dict, 'default', or 'tuned' with a converted matrix, got 'fast'"),
 ])
 def test_bad_knobs_are_named(matrix, fmt, knobs, message):
     with pytest.raises(ValueError, match=message):

@@ -97,7 +97,7 @@ def test_tensor_core_candidates_build_for_sm90a():
                                                           ("tiled", "tiled", "float16", 300, 512, 16)])
 def test_the_spaces_untuned_candidate_is_the_kernel_compile_builds(fam, spec, dtype, rows, cols, feat):
     """The baseline a search measures first is the kernel ``sparsec.compile`` builds for the
-    converted matrix, whose Tensor Core defaults follow its shape (BSR's N tile, the
+    converted matrix by the templates' rule (``knobs="default"``), whose Tensor Core defaults follow its shape (BSR's N tile, the
     pipeline's tiles by gathered row length, int8's warps by rows), not the defaults of a
     format spec alone: a tuned record then never loses to the untuned kernel unmeasured.
     For BSR that is the largest block the matrix fills (16 here: a 32 x 32 block would be
@@ -105,7 +105,7 @@ def test_the_spaces_untuned_candidate_is_the_kernel_compile_builds(fam, spec, dt
     w = _blocky(rows, cols, 16, 0.3, seed=rows) if fam == "bsr" else _weight(2, rows, cols)
     s = Space("spmm", w, feat, dtype, families=(fam,), size="small", target=TARGET)
     inst, _ = workload.convert(w, spec, {}, dtype)
-    untuned = sparsec.compile("spmm", inst, feat=feat, target=TARGET)
+    untuned = sparsec.compile("spmm", inst, feat=feat, target=TARGET, knobs="default")
     assert s.format_default(spec)["schedule_knobs"] == untuned.knobs
     assert s.default == s.format_default(spec)  # the search measures it in its first round
 

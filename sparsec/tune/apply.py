@@ -81,6 +81,58 @@ def tuned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype:
     return {}
 
 
+def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype: str
+                           ) -> Tuple[Dict[str, Any], str]:
+    """(knobs, source): what ``sparsec.compile`` takes by default for a converted matrix --
+    the schedule knobs of the best logged record for this matrix in this format ("record"),
+    else the shipped model's pick among the configurations of this format that won on other
+    matrices, where the log holds at least ``MIN_CASES`` cases of the format ("model"), else
+    ``({}, "default: <why>")`` (the template's rule). It reads only
+    the model file beside the log (its top records and booster: no log to parse, no fit),
+    looks at the matrix only when the log knows its format, and then once (statistics and
+    signature), so a pick costs those and one prediction over a few candidates."""
+    from ..formats import make_format
+    from .features import MatrixContext
+
+    logs = log_candidates(op, target)
+    if not logs:
+        return {}, f"default: no tuning log for {op} on {target}"
+    if feat is None:
+        return {}, "default: no feature width to look up"
+    mine = _spec_key(inst.format.spec)
+    ctx = None
+    for path in logs:
+        records, model = _log_knowledge(path)
+        ours = []
+        for r in records:
+            if r.status == "ok" and r.op == op and r.target == target and r.dtype == dtype:
+                try:
+                    if _spec_key(make_format(_spec(r)).spec) == mine:
+                        ours.append(r)
+                except ValueError:
+                    continue
+        if not ours:
+            continue
+        ctx = ctx or MatrixContext(inst.to_scipy())
+        cases = {(r.signature, r.feat) for r in ours}
+        for r in sorted(ours, key=lambda r: r.time_ms):
+            if r.feat == feat and ctx.signature in (r.signature, r.extra.get(INSTANCE_SIGNATURE)):
+                return dict(r.schedule_knobs), "record"
+        if model is None:
+            continue
+        if len(cases) < MIN_CASES:
+            return {}, (f"default: the tuning log has {len(cases)} case(s) of {mine} for {op}, {dtype}: too few "
+                        f"(under {MIN_CASES}) to trust the model's pick over the rule")
+        knobs = model_schedule_knobs(op, inst, feat, target, dtype, path, records, model_of=lambda m=model: m,
+                                     ctx=ctx)
+        if knobs is not None:
+            return knobs, "model"
+    return {}, f"default: the tuning log has no winning configuration of {mine} for {op}, {dtype} at feat={feat}"
+
+
+MIN_CASES = 5  # logged (matrix, width) cases of a format the model must have seen to pick its knobs
+
+
 _MODELS: Dict[tuple, Any] = {}  # (log, its size and mtime) -> its model: fitted once a process, not per compile
 
 
@@ -97,14 +149,15 @@ INSTANCE_SIGNATURE = "instance_signature"  # a record's extra: the signature of 
 
 
 def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log: str, records,
-                         model_of: Optional[Callable[[], Any]] = None) -> Optional[Dict[str, Any]]:
+                         model_of: Optional[Callable[[], Any]] = None, ctx=None) -> Optional[Dict[str, Any]]:
     """The model's pick of schedule knobs for ``inst`` on a shape no record names: the
     configurations of the instance's format (the same spec) that won on the log's other
     matrices for ``target`` (``transfer.winning_keys``), kept where this format's space at
     ``feat`` still holds them, and the format's untuned kernel, ranked by the model on
     this matrix ({} when the untuned kernel wins). None when the log has no winner of this
     format or no model: transfer, not a guess over a space the model never saw measured.
-    The model is ``model_of()`` when given, else the log's (:func:`_log_model` on ``records``)."""
+    The model is ``model_of()`` when given, else the log's (:func:`_log_model` on ``records``);
+    ``ctx``, the matrix's ``MatrixContext`` when the caller has it."""
     from ..formats import make_format
     from .features import MatrixContext
     from .space import FAMILIES, Space, candidate_id
@@ -125,7 +178,7 @@ def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log:
     if not specs:
         return None
     keys = winning_keys(ours, op)
-    ctx = MatrixContext(inst.to_scipy())
+    ctx = ctx or MatrixContext(inst.to_scipy())
     space = Space(op, ctx.matrix, feat, dtype, families=(family,), stats=ctx.stats, target=target)
     pool, seen = [], set()
     for spec in sorted(specs):
@@ -271,10 +324,23 @@ def _log_model(log: str, records):
     return _saved_model(log) or _refit(log, records)
 
 
+_KNOWLEDGE: Dict[tuple, Any] = {}  # (log, its size and mtime) -> (records, model): read once a process
+
+
 def _log_knowledge(log: str):
     """(records, model) for :func:`tuned_config`: a fresh saved model and the top records it
     carries (no log to parse, no fit: ``sparsec tune`` and ``python -m sparsec.tune.refit``
-    write it), else the whole log and a model fitted on it now."""
+    write it), else the whole log and a model fitted on it now. Kept for the process while
+    the log file is unchanged (its size and modification time)."""
+    st = os.stat(log)
+    key = (os.path.abspath(log), st.st_size, st.st_mtime_ns)
+    if key not in _KNOWLEDGE:
+        _KNOWLEDGE.clear()
+        _KNOWLEDGE[key] = _read_knowledge(log)
+    return _KNOWLEDGE[key]
+
+
+def _read_knowledge(log: str):
     model = _saved_model(log)
     if model is not None and isinstance(model.meta.get("top_records"), list):
         try:

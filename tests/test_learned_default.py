@@ -1,0 +1,100 @@
+"""The learned default: ``sparsec.compile(op, converted_matrix)`` without knobs takes what the
+tuning logs know for the target (the best record for this matrix, else the shipped cost
+model's pick, read from the model file beside the log), and says so in
+``Kernel.extra["knobs_source"]``; ``knobs="default"`` keeps the templates' rule."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsec
+from sparsec import build
+from sparsec.formats import convert
+from sparsec.tune import apply
+from sparsec.tune import records as R
+from sparsec.tune.signature import matrix_signature
+
+TARGET = "cuda:sm_90a"
+SHIPPED = os.path.join(os.path.dirname(__file__), "..", "tuning_logs", "spmm_cuda_sm_90a.jsonl")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    """A power-law-ish matrix no log names: a few long rows among short ones."""
+    rng = np.random.default_rng(7)
+    lengths = np.minimum(rng.zipf(1.8, 3000), 900)
+    rows = np.repeat(np.arange(3000), lengths)
+    cols = rng.integers(0, 3000, rows.size)
+    m = sp.csr_matrix((rng.standard_normal(rows.size).astype(np.float32), (rows, cols)), shape=(3000, 3000))
+    m.sum_duplicates()
+    return m
+
+
+def _shipped(monkeypatch, tmp_path):
+    """Only the repository's shipped log (and its model file) is looked at."""
+    monkeypatch.setenv("SPARSEC_TUNING_LOGS", os.path.dirname(os.path.abspath(SHIPPED)))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_without_knobs_a_logged_format_gets_the_models_pick_and_the_rule_stays_one_word_away(
+        graph, monkeypatch, tmp_path):
+    """CSR SpMM at 32 columns on sm_90a: the shipped model ranks the CSR configurations that
+    won on the logged graphs for this matrix -- the same answer knobs="tuned" gives from the
+    whole log -- and knobs="default" is the rule build.compile applies."""
+    _shipped(monkeypatch, tmp_path)
+    inst = convert(graph, "csr")
+    k = sparsec.compile("spmm", inst, target=TARGET, feat=32)
+    assert k.extra["knobs_source"] == "model"
+    assert k.knobs == sparsec.compile("spmm", inst, target=TARGET, feat=32, knobs="tuned").knobs
+    rule = build.compile("spmm", inst, target=TARGET, feat=32).knobs
+    d = sparsec.compile("spmm", inst, target=TARGET, feat=32, knobs="default")
+    assert d.knobs == rule and d.extra["knobs_source"] == "default: asked for"
+    assert "rows_per_block" in k.knobs and k.source().count("__global__") >= 1
+
+
+@pytest.mark.parametrize("fmt, target, why", [
+    ("bsr:4x4", TARGET, "the tuning log has no winning configuration of bsr:4x4 for spmm, float32 at feat=32"),
+    ("csr", "llvm", "no tuning log for spmm on llvm"),
+])
+def test_where_the_logs_know_nothing_the_rule_answers_and_says_why(graph, monkeypatch, tmp_path, fmt, target, why):
+    _shipped(monkeypatch, tmp_path)
+    inst = convert(graph, fmt)
+    k = sparsec.compile("spmm", inst, target=target, feat=32)
+    assert k.extra["knobs_source"] == f"default: {why}"
+    assert k.knobs == build.compile("spmm", inst, target=target, feat=32).knobs
+
+
+def test_a_record_for_this_very_matrix_wins_over_the_model(graph, monkeypatch, tmp_path):
+    """A log (no model file beside it, too few rows to fit one) holding two measurements of
+    this matrix in CSR at 32 columns: the faster record's knobs are the default."""
+    log = tmp_path / "logs" / os.path.basename(R.default_log_path("spmm", TARGET))
+    log.parent.mkdir()
+    sig = matrix_signature(graph)
+    for ms, rpb in ((0.5, 8), (0.2, 2)):
+        R.append(str(log), R.Record(op="spmm", format="csr", schedule_knobs={"rows_per_block": rpb, "vec": 2},
+                                    feat=32, signature=sig, target=TARGET, status="ok", time_ms=ms))
+    monkeypatch.setenv("SPARSEC_TUNING_LOGS", str(log.parent))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(apply, "log_candidates", lambda op, target: [str(log)] if target == TARGET else [])
+    k = sparsec.compile("spmm", convert(graph, "csr"), target=TARGET, feat=32)
+    assert k.extra["knobs_source"] == "record"
+    assert k.knobs["rows_per_block"] == 2 and k.knobs["vec"] == 2
+    # the same matrix at another width has no record and the log no model: the rule
+    k = sparsec.compile("spmm", convert(graph, "csr"), target=TARGET, feat=64)
+    assert k.extra["knobs_source"].startswith("default:")
+
+
+def test_a_pick_that_fails_warns_and_compiles_with_the_rule(graph, monkeypatch, tmp_path):
+    _shipped(monkeypatch, tmp_path)
+
+    def broken(*a, **kw):
+        raise ValueError("damaged model file")
+    monkeypatch.setattr(apply, "learned_schedule_knobs", broken)
+    inst = convert(graph, "csr")
+    with pytest.warns(UserWarning, match="learned default knobs failed .*damaged model file"):
+        k = sparsec.compile("spmm", inst, target=TARGET, feat=32)
+    assert k.extra["knobs_source"] == "default: the pick failed (ValueError)"
+    assert k.knobs == build.compile("spmm", inst, target=TARGET, feat=32).knobs
