@@ -86,4 +86,14 @@ with tempfile.TemporaryDirectory() as tmp:
     loaded = sparsec.load(path)
     np.testing.assert_allclose(loaded(instances["csr"], B), m @ B, rtol=1e-5, atol=1e-5)
 
+# the learned default reads the tuning log and model shipped inside the package (this
+# directory has no tuning_logs/): CSR SpMM on sm_90a, compiled without a GPU
+from sparsec.tune.apply import log_candidates
+
+(shipped,) = log_candidates("spmm", "cuda:sm_90a")
+assert os.path.dirname(shipped) == os.path.join(os.path.dirname(sparsec.__file__), "tuning_logs"), shipped
+k = sparsec.compile("spmm", instances["csr"], feat=32, target="cuda:sm_90a")
+assert k.extra["knobs_source"] in ("model", "record") or k.extra["knobs_source"].startswith("default: the tuning log"), \
+    k.extra["knobs_source"]
+
 print("installed sparsec ok")

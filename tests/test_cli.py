@@ -364,3 +364,25 @@ def test_bsr_csr_two_parts(capsys, tmp_path, op):
     r = run_json(capsys, op, "--format", "bsr+csr", "--block", "4x4", "--block-fill", "0.3", "--matrix", str(path),
                  "--feat", "16", "--check")
     assert r["parts"] == 2 and r["format"].endswith("[bsr:4x4+csr]") and r["max_rel_err"] < 1e-5
+
+
+def test_run_format_auto_takes_the_tuning_logs_pick_and_says_whose(capsys):
+    """--format auto: on llvm (no tuning log) the rule-based default format, checked; on
+    cuda:sm_90a the shipped log's model picks format, format knobs and schedule knobs (the
+    power grid is not a logged matrix), compiled without a GPU; the pick's knobs are the
+    kernel's. Format knob options are refused with it, by name."""
+    from sparsec.formats.choose import default_format, row_stats
+
+    r = run_json(capsys, "spmm", "--format", "auto", "--feat", "64", "--target", "llvm", "--check")
+    assert r["format_source"] == "default" and r["max_rel_err"] < 1e-5
+    assert r["format"].split(":")[0] == default_format("spmm", row_stats(datasets.default_matrix()), 64)
+    code = cli.main(["run", "spmm", "--format", "auto", "--feat", "32", "--target", "cuda:sm_90a", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["format_source"] == "model" and r["knobs_source"] == "model"
+    from sparsec.tune.apply import tuned_config
+
+    cand, source = tuned_config("spmm", datasets.default_matrix(), 32, "cuda:sm_90a")
+    assert source == "model" and r["format"].startswith(cand["format"])
+    assert {k: r["knobs"][k] for k in cand["schedule_knobs"]} == cand["schedule_knobs"]
+    for flag in (["--block", "4x4"], ["--width", "8"], ["--col-parts", "2"]):
+        fails(capsys, ["run", "spmm", "--format", "auto", *flag], f"{flag[0]} does not apply to --format auto")

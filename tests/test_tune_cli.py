@@ -192,7 +192,7 @@ def test_tuned_choices_are_applied(matrix_file, tmp_path, monkeypatch):
     assert tuned_schedule_knobs("spmm", inst, FEAT, "llvm", "float32") == best.schedule_knobs
     k = sparsec.compile("spmm", inst, feat=FEAT, target="llvm", knobs="tuned")  # (the CPU template ignores GPU knobs)
     np.testing.assert_allclose(k(inst, B), m.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="knobs should be a dict, or 'tuned'"):
+    with pytest.raises(ValueError, match="knobs should be a dict, 'default', or 'tuned'"):
         sparsec.compile("spmm", "csr", feat=FEAT, target="llvm", knobs="fast")
 
 

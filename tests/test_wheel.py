@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # what the wheel is built from (pyproject's package-dir); copied so the build writes nothing
 # into the checkout
-SOURCES = ("pyproject.toml", "README.md", "sparsec", "formats", "schedules")
+SOURCES = ("pyproject.toml", "README.md", "sparsec", "formats", "schedules", "tuning_logs")
 
 
 def _setuptools_ok() -> bool:

@@ -98,7 +98,8 @@ def add_kernel_options(p):
     p.add_argument("op", help="library operator (see 'sparsec ops')")
     p.add_argument("--format", required=True, metavar="FMT",
                    help="family or spec: csr, bsr:4x4, ell, ell:8, hyb, nm, srbcrs, bsr+csr, mma_sp, nm_tc, tiled "
-                        "(see 'sparsec formats')")
+                        "(see 'sparsec formats'); 'auto' (sparsec run): the tuning logs' pick of format and "
+                        "knobs for the matrix, width and target, else the rule-based default")
     add_format_options(p)
     p.add_argument("--feat", type=positive_int, default=64, metavar="N", help="dense feature width (default 64)")
     p.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_80 or cuda:sm_90a (default llvm)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import CHECK_FAILED, CHECK_NOT_RUN, OK, add_kernel_options, dumps, format_spec
+from .common import CHECK_FAILED, CHECK_NOT_RUN, KNOB_OPTIONS, OK, add_kernel_options, dumps, format_spec
 
 
 def add_parser(sub, common):
@@ -20,14 +20,19 @@ def add_parser(sub, common):
 
 
 def cmd_run(args):
-    from .. import build, reference, workload  # the compiler: only the commands that compile load it
+    from .. import api, reference, workload  # the compiler: only the commands that compile load it
     from .. import inspect as sinspect
 
-    spec, params, dtype = format_spec(args)
     matrix, seed, source = workload.load_matrix(args)
+    if args.format == AUTO:
+        spec, params, dtype, knobs, chosen = auto_format(args, matrix)
+    else:
+        (spec, params, dtype), knobs, chosen = format_spec(args), None, None
     A, info = workload.convert(matrix, spec, params, dtype)
     desc = sinspect.describe(A)
-    kernel = build.compile(args.op, A, target=args.target, dtype=dtype, feat=args.feat)
+    kernel = api.compile(args.op, A, target=args.target, dtype=dtype, feat=args.feat, knobs=knobs)
+    if chosen is not None and isinstance(knobs, dict):
+        kernel.extra["knobs_source"] = chosen  # the pick's own knobs
     exact = kernel.dtypes.exact
     ran = kernel.target.can_run()
     err = abs_err = run_ms = None
@@ -51,7 +56,8 @@ def cmd_run(args):
         "ran": ran, "checked": bool(args.check and ran), "max_rel_err": err, "max_abs_err": abs_err,
         "tolerance": tol if args.check else None, "exact": exact,
         "compile_s": kernel.compile_s, "conversion_s": A.conversion_s, "run_ms": run_ms,
-        "knobs": kernel.knobs, "device": device_name(kernel.target) if ran else None, **info,
+        "knobs": kernel.knobs, "knobs_source": kernel.extra.get("knobs_source"), "format_source": chosen,
+        "device": device_name(kernel.target) if ran else None, **info,
     }
     if args.json:
         print(dumps(result))
@@ -69,6 +75,31 @@ def cmd_run(args):
     return OK
 
 
+AUTO = "auto"
+PICKED_BY = {"record": "the best tuning record for this matrix", "model": "the cost model's pick",
+             "default": "the rule-based default: no tuning log or model for this target"}
+
+
+def auto_format(args, matrix):
+    """(spec, params, dtype, knobs, source) for ``--format auto``: the tuning logs' pick for
+    this matrix, width and target (``tune.apply.tuned_config``: the best record for the
+    matrix, else the cost model's zero-shot pick among the configurations that won on the
+    logged matrices, else sparsec's rule-based default format), its format knobs and schedule
+    knobs. Format knob options do not apply: the pick sets them."""
+    from ..dtypes import dtype_spec
+    from ..targets import parse_target
+    from ..tune.apply import tuned_config
+
+    given = [o for o in ("block", "tile", *KNOB_OPTIONS) if getattr(args, o, None) is not None]
+    if given:
+        raise ValueError(f"--{given[0].replace('_', '-')} does not apply to --format auto (the pick sets the "
+                         "format's knobs); name a format to set it")
+    dtype = "float32" if args.dtype is None else dtype_spec(args.dtype).name
+    cand, source = tuned_config(args.op, matrix, args.feat, parse_target(args.target).name, dtype)
+    knobs = dict(cand["schedule_knobs"]) or "default"
+    return cand["format"], dict(cand["format_knobs"]), dtype, knobs, source
+
+
 def device_name(target):
     if target.kind == "llvm":
         return "cpu"
@@ -76,7 +107,8 @@ def device_name(target):
 
 
 def print_summary(r, check):
-    fmt = (f"{r['format']}: stored {r['stored']}, padding {r['padding_ratio']:.2f}x, {r['bytes']} bytes"
+    fmt = ((f"auto ({PICKED_BY[r['format_source']]}): " if r.get("format_source") else "")
+           + f"{r['format']}: stored {r['stored']}, padding {r['padding_ratio']:.2f}x, {r['bytes']} bytes"
            + (f", {r['parts']} parts" if r["parts"] > 1 else "")
            + f", converted in {r['conversion_s'] * 1e3:.1f} ms")
     matrix = f"{r['matrix']}: {r['rows']} x {r['cols']}, nnz {r['nnz']}"
@@ -89,7 +121,8 @@ def print_summary(r, check):
         ("matrix", matrix),
         ("format", fmt),
         ("target", f"{r['target']}" + (f" on {r['device']}" if r["ran"] else " (compiled only: cannot run here)")),
-        ("compile", f"{r['compile_s']:.2f} s, knobs {r['knobs']}"),
+        ("compile", f"{r['compile_s']:.2f} s, knobs {r['knobs']}"
+                    + (f" ({r['knobs_source']})" if r.get("knobs_source") else "")),
     ]
     if r["ran"]:
         lines.append(("run", f"{r['run_ms']:.4f} ms (median)"))

@@ -36,8 +36,10 @@ def model_path(log: str) -> str:
 def log_candidates(op: str, target: str) -> List[str]:
     """Existing log files for (op, target), most specific first."""
     name = os.path.basename(R.default_log_path(op, target))
+    here = Path(__file__).resolve()
+    # $SPARSEC_TUNING_LOGS, the working directory's, the source checkout's, the installed package's
     dirs = [os.environ.get("SPARSEC_TUNING_LOGS"), os.path.join(os.getcwd(), R.LOG_DIR),
-            str(Path(__file__).resolve().parents[2] / R.LOG_DIR)]
+            str(here.parents[2] / R.LOG_DIR), str(here.parents[1] / R.LOG_DIR)]
     seen, out = set(), []
     for d in dirs:
         if d:
@@ -331,13 +333,21 @@ def _log_knowledge(log: str):
     """(records, model) for :func:`tuned_config`: a fresh saved model and the top records it
     carries (no log to parse, no fit: ``sparsec tune`` and ``python -m sparsec.tune.refit``
     write it), else the whole log and a model fitted on it now. Kept for the process while
-    the log file is unchanged (its size and modification time)."""
-    st = os.stat(log)
-    key = (os.path.abspath(log), st.st_size, st.st_mtime_ns)
+    neither the log nor the model file changes (their sizes and modification times)."""
+    key = (os.path.abspath(log), *_stamp(log), *_stamp(model_path(log)))
     if key not in _KNOWLEDGE:
         _KNOWLEDGE.clear()
         _KNOWLEDGE[key] = _read_knowledge(log)
     return _KNOWLEDGE[key]
+
+
+def _stamp(path: str) -> tuple:
+    """(size, modification time) of ``path``, or (None, None) where there is no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return st.st_size, st.st_mtime_ns
 
 
 def _read_knowledge(log: str):
