@@ -177,12 +177,39 @@ def transpose_spec(spec: str) -> Optional[str]:
     return None
 
 
+def _auto_instance(m, feat: Optional[int], device, dtype):
+    """(instance, source) for ``SparseTensor(fmt="auto")``: the tuning logs' pick of format
+    and format knobs for SpMM at ``feat`` on ``device`` (a CUDA device: its arch's log), else
+    the rule-based default format ("default"; also where ``feat`` is unknown or no cost
+    model can be loaded here)."""
+    from . import workload
+    from .dtypes import dtype_spec
+    from .formats.choose import default_format, row_stats
+
+    if feat is not None and device.type == "cuda" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(device)
+        target = f"cuda:sm_{major}{minor}" + ("a" if major == 9 else "")
+        try:
+            from .tune.apply import tuned_config
+
+            cand, source = tuned_config("spmm", m, feat, target, dtype_spec(dtype).name)
+        except ImportError:  # no cost model here (the tune extra)
+            cand, source = None, "default"
+        if cand is not None and source != "default":
+            inst, _ = workload.convert(m, cand["format"], cand["format_knobs"], dtype)
+            return inst, source
+    return convert(m, default_format("spmm", row_stats(m), feat), dtype=dtype), "default"
+
+
 class SparseTensor:
     """A matrix converted to a sparsec format, its index arrays on ``device`` (moved once)
     and its values a tensor (``values``) that may require grad.
 
-    ``fmt="auto"`` takes sparsec's default format for SpMM at width ``feat`` (CSR on
-    meshes, hyb where rows are skewed: ``sparsec.formats.choose``). Where the format allows
+    ``fmt="auto"`` takes the tuning logs' pick for SpMM at width ``feat`` on ``device``'s
+    target (the best record for this matrix, else the cost model's, with the format's knobs;
+    ``sparsec.tune.apply.tuned_config``), else sparsec's rule-based default format (CSR on
+    meshes, hyb where rows are skewed: ``sparsec.formats.choose``); ``format_source`` says
+    which. Where the format allows
     it (:func:`transpose_spec`; ``grad=True`` insists, ``False`` skips it) A's transpose is
     converted too, with the map that carries A's values to its slots: SpMM's backward pass
     is then one more SpMM."""
@@ -192,6 +219,7 @@ class SparseTensor:
         device = torch.device(device)
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"device should be cpu or cuda (where sparsec kernels run), got {device}")
+        self.format_source = None  # with fmt="auto": "record", "model" or "default" (whose pick it is)
         if isinstance(matrix, (FormatInstance, CompositeInstance)):
             inst = matrix
             own = not is_trusted(inst)  # built by hand or changed: checked now, its arrays copied
@@ -200,10 +228,9 @@ class SparseTensor:
             own = False
             m = sp.csr_matrix(matrix)
             if fmt == "auto":
-                from .formats.choose import default_format, row_stats
-
-                fmt = default_format("spmm", row_stats(m), feat)
-            inst = convert(m, fmt, dtype=dtype)
+                inst, self.format_source = _auto_instance(m, feat, device, dtype)
+            else:
+                inst = convert(m, fmt, dtype=dtype)
         if inst.value_dtype == "int4":
             raise TypeError("sparsec.torch takes no int4 matrices (two values per byte have no torch dtype); "
                             "use int8 SR-BCRS, or sparsec.compile for int4")

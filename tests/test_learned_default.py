@@ -98,3 +98,26 @@ def test_a_pick_that_fails_warns_and_compiles_with_the_rule(graph, monkeypatch, 
         k = sparsec.compile("spmm", inst, target=TARGET, feat=32)
     assert k.extra["knobs_source"] == "default: the pick failed (ValueError)"
     assert k.knobs == build.compile("spmm", inst, target=TARGET, feat=32).knobs
+
+
+def test_sparse_tensor_auto_takes_the_logs_format_on_a_cuda_device(graph, monkeypatch, tmp_path):
+    """SparseTensor(fmt="auto") on an sm_90 device converts to the format (and format knobs)
+    the shipped log's model picks for SpMM at its width; on the CPU, or without a width, the
+    rule-based default format."""
+    torch = pytest.importorskip("torch")
+    import sparsec.torch as st
+    from sparsec.formats.choose import default_format, row_stats
+
+    _shipped(monkeypatch, tmp_path)
+    cand, source = apply.tuned_config("spmm", graph, 32, TARGET)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    inst, got = st._auto_instance(graph, 32, torch.device("cuda"), None)
+    assert got == source == "model"
+    assert inst.format.spec == convert(graph, cand["format"], **cand["format_knobs"]).format.spec
+    np.testing.assert_array_equal(inst.to_scipy().toarray(), graph.toarray())
+    monkeypatch.undo()
+    for feat in (32, None):
+        A = st.SparseTensor(graph, "auto", feat=feat)
+        assert A.format_source == "default"
+        assert A.format.split(":")[0] == default_format("spmm", row_stats(graph), feat)
