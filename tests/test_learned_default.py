@@ -121,3 +121,20 @@ def test_sparse_tensor_auto_takes_the_logs_format_on_a_cuda_device(graph, monkey
         A = st.SparseTensor(graph, "auto", feat=feat)
         assert A.format_source == "default"
         assert A.format.split(":")[0] == default_format("spmm", row_stats(graph), feat)
+
+
+def test_integer_formats_get_a_quiet_answer(monkeypatch, tmp_path):
+    """An int8 SR-BCRS instance (integer values: the pick reads its pattern as floats): no
+    warning; the shipped log holds too few int8 cases for the model, so the rule, said so."""
+    import warnings
+
+    from sparsec import workload
+
+    _shipped(monkeypatch, tmp_path)
+    m = sp.random(512, 512, density=0.05, format="csr", random_state=0, dtype=np.float32)
+    inst, _ = workload.convert(m, "srbcrs:v8", {}, "int8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        k = sparsec.compile("spmm", inst, target=TARGET, feat=64)
+    assert k.extra["knobs_source"].startswith("default: the tuning log has 2 case(s) of srbcrs")
+    assert k.knobs == build.compile("spmm", inst, target=TARGET, feat=64).knobs

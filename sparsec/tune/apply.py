@@ -115,7 +115,7 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
                     continue
         if not ours:
             continue
-        ctx = ctx or MatrixContext(inst.to_scipy())
+        ctx = ctx or MatrixContext(_float_values(inst.to_scipy()))
         cases = {(r.signature, r.feat) for r in ours}
         for r in sorted(ours, key=lambda r: r.time_ms):
             if r.feat == feat and ctx.signature in (r.signature, r.extra.get(INSTANCE_SIGNATURE)):
@@ -133,6 +133,12 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
 
 
 MIN_CASES = 5  # logged (matrix, width) cases of a format the model must have seen to pick its knobs
+
+
+def _float_values(m):
+    """``m`` with float values (integer formats hold int8/int4 values; the statistics and
+    signature a pick reads take floats, as the tuner's matrices were)."""
+    return m if m.dtype in (np.float16, np.float32, np.float64) else m.astype(np.float32)
 
 
 _MODELS: Dict[tuple, Any] = {}  # (log, its size and mtime) -> its model: fitted once a process, not per compile
@@ -180,7 +186,7 @@ def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log:
     if not specs:
         return None
     keys = winning_keys(ours, op)
-    ctx = ctx or MatrixContext(inst.to_scipy())
+    ctx = ctx or MatrixContext(_float_values(inst.to_scipy()))
     space = Space(op, ctx.matrix, feat, dtype, families=(family,), stats=ctx.stats, target=target)
     pool, seen = [], set()
     for spec in sorted(specs):
