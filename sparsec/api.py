@@ -64,10 +64,9 @@ def learned_knobs(op: str, inst, *, target: str, dtype: Optional[str], feat: Opt
     file shipped beside the log. Only where a log exists for the op and target; a pick that
     fails (a damaged model file) falls back to the rule with a warning, never the compile."""
     from .targets import parse_target
-
-    name = parse_target(target).name
     from .tune.apply import learned_schedule_knobs, log_candidates
 
+    name = parse_target(target).name
     if not log_candidates(op, name):
         return None, f"default: no tuning log for {op} on {name}"
     try:

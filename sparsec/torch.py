@@ -180,25 +180,40 @@ def transpose_spec(spec: str) -> Optional[str]:
 def _auto_instance(m, feat: Optional[int], device, dtype):
     """(instance, source) for ``SparseTensor(fmt="auto")``: the tuning logs' pick of format
     and format knobs for SpMM at ``feat`` on ``device`` (a CUDA device: its arch's log), else
-    the rule-based default format ("default"; also where ``feat`` is unknown or no cost
-    model can be loaded here)."""
+    the rule-based default format ("default"; also where ``feat`` is unknown, the values
+    are not floats, or no cost model can be loaded here)."""
     from . import workload
-    from .dtypes import dtype_spec
     from .formats.choose import default_format, row_stats
 
-    if feat is not None and device.type == "cuda" and torch.cuda.is_available():
+    name = _dtype_name(dtype)
+    if feat is not None and name in ("float32", "float64", "float16") and device.type == "cuda" \
+            and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(device)
         target = f"cuda:sm_{major}{minor}" + ("a" if major == 9 else "")
         try:
             from .tune.apply import tuned_config
 
-            cand, source = tuned_config("spmm", m, feat, target, dtype_spec(dtype).name)
+            cand, source = tuned_config("spmm", m, feat, target, name)
         except ImportError:  # no cost model here (the tune extra)
             cand, source = None, "default"
         if cand is not None and source != "default":
-            inst, _ = workload.convert(m, cand["format"], cand["format_knobs"], dtype)
+            inst, _ = workload.convert(m, cand["format"], cand["format_knobs"], name)
             return inst, source
     return convert(m, default_format("spmm", row_stats(m), feat), dtype=dtype), "default"
+
+
+def _dtype_name(dtype) -> Optional[str]:
+    """The value dtype's name as sparsec spells it (None: float32); a torch or numpy dtype,
+    or a name. None where sparsec has no such name (the conversion then names the problem)."""
+    from .dtypes import dtype_spec
+
+    if dtype is None:
+        return "float32"
+    text = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else dtype
+    try:
+        return dtype_spec(text if isinstance(text, str) else np.dtype(text).name).name
+    except (TypeError, ValueError):
+        return None
 
 
 class SparseTensor:
@@ -227,6 +242,8 @@ class SparseTensor:
         else:
             own = False
             m = sp.csr_matrix(matrix)
+            if dtype is not None:  # a torch dtype, a numpy one or a name: as sparsec names it
+                dtype = _dtype_name(dtype) or dtype
             if fmt == "auto":
                 inst, self.format_source = _auto_instance(m, feat, device, dtype)
             else:

@@ -386,3 +386,8 @@ def test_run_format_auto_takes_the_tuning_logs_pick_and_says_whose(capsys):
     assert {k: r["knobs"][k] for k in cand["schedule_knobs"]} == cand["schedule_knobs"]
     for flag in (["--block", "4x4"], ["--width", "8"], ["--col-parts", "2"]):
         fails(capsys, ["run", "spmm", "--format", "auto", *flag], f"{flag[0]} does not apply to --format auto")
+    fails(capsys, ["run", "attention", "--format", "auto"],
+          "--format auto picks formats for spmm and sddmm (the operators the tuner measures); name a format for "
+          "attention")
+    fails(capsys, ["run", "spmm", "--format", "auto", "--dtype", "int8"],
+          "--format auto picks among float formats (float32, float64, float16); for --dtype int8 name a format")

@@ -112,10 +112,14 @@ def test_sparse_tensor_auto_takes_the_logs_format_on_a_cuda_device(graph, monkey
     cand, source = apply.tuned_config("spmm", graph, 32, TARGET)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    inst, got = st._auto_instance(graph, 32, torch.device("cuda"), None)
-    assert got == source == "model"
-    assert inst.format.spec == convert(graph, cand["format"], **cand["format_knobs"]).format.spec
-    np.testing.assert_array_equal(inst.to_scipy().toarray(), graph.toarray())
+    for dtype in (None, torch.float32, np.float32, "float32"):
+        inst, got = st._auto_instance(graph, 32, torch.device("cuda"), dtype)
+        assert got == source == "model" and inst.value_dtype == "float32"
+        assert inst.format.spec == convert(graph, cand["format"], **cand["format_knobs"]).format.spec
+        np.testing.assert_array_equal(inst.to_scipy().toarray(), graph.toarray())
+    with pytest.raises(TypeError, match="dtype should be one of float32, float64, float16, got int8"):
+        st._auto_instance(graph, 32, torch.device("cuda"), "int8")  # no pick for integers: the rule's format refuses
+    assert st.SparseTensor(graph, "csr", dtype=torch.float16).instance.value_dtype == "float16"
     monkeypatch.undo()
     for feat in (32, None):
         A = st.SparseTensor(graph, "auto", feat=feat)

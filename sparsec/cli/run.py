@@ -76,6 +76,8 @@ def cmd_run(args):
 
 
 AUTO = "auto"
+AUTO_OPS = ("spmm", "sddmm")  # what the tuner's spaces cover
+AUTO_DTYPES = ("float32", "float64", "float16")
 PICKED_BY = {"record": "the best tuning record for this matrix", "model": "the cost model's pick",
              "default": "the rule-based default: no tuning log or model for this target"}
 
@@ -95,6 +97,12 @@ def auto_format(args, matrix):
         raise ValueError(f"--{given[0].replace('_', '-')} does not apply to --format auto (the pick sets the "
                          "format's knobs); name a format to set it")
     dtype = "float32" if args.dtype is None else dtype_spec(args.dtype).name
+    if args.op not in AUTO_OPS:
+        raise ValueError(f"--format auto picks formats for {' and '.join(AUTO_OPS)} (the operators the tuner "
+                         f"measures); name a format for {args.op}")
+    if dtype not in AUTO_DTYPES:
+        raise ValueError(f"--format auto picks among float formats ({', '.join(AUTO_DTYPES)}); for --dtype {dtype} "
+                         f"name a format (e.g. srbcrs for int8)")
     cand, source = tuned_config(args.op, matrix, args.feat, parse_target(args.target).name, dtype)
     knobs = dict(cand["schedule_knobs"]) or "default"
     return cand["format"], dict(cand["format_knobs"]), dtype, knobs, source

@@ -56,7 +56,6 @@ def tuned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype:
     ``dtype``) whose format is the instance's own; else the log's model's pick among the
     configurations of this format that won on other logged matrices (:func:`model_schedule_knobs`);
     {} (the template defaults) when there is neither."""
-    from ..formats import make_format
     from .signature import matrix_signature
 
     logs = log_candidates(op, target)
@@ -66,15 +65,9 @@ def tuned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype:
     mine = _spec_key(inst.format.spec)
     records = {path: R.load(path) for path in logs}
     for path in logs:
-        ok = [r for r in records[path] if r.status == "ok" and r.op == op and sig in (r.signature, r.extra.get(
-              INSTANCE_SIGNATURE)) and r.target == target and r.feat == feat and r.dtype == dtype]
-        for r in sorted(ok, key=lambda r: r.time_ms):
-            try:
-                spec = make_format(_spec(r)).spec
-            except ValueError:
-                continue
-            if _spec_key(spec) == mine:
-                return dict(r.schedule_knobs)
+        knobs = _record_knobs(_own_format(records[path], op, target, dtype, mine), feat, sig)
+        if knobs is not None:
+            return knobs
     for path in logs:
         knobs = model_schedule_knobs(op, inst, feat, target, dtype, path, records[path],
                                      model_of=lambda p=path: _cached_log_model(p, records[p]))
@@ -93,7 +86,6 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
     the model file beside the log (its top records and booster: no log to parse, no fit),
     looks at the matrix only when the log knows its format, and then once (statistics and
     signature), so a pick costs those and one prediction over a few candidates."""
-    from ..formats import make_format
     from .features import MatrixContext
 
     logs = log_candidates(op, target)
@@ -105,21 +97,14 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
     ctx = None
     for path in logs:
         records, model = _log_knowledge(path)
-        ours = []
-        for r in records:
-            if r.status == "ok" and r.op == op and r.target == target and r.dtype == dtype:
-                try:
-                    if _spec_key(make_format(_spec(r)).spec) == mine:
-                        ours.append(r)
-                except ValueError:
-                    continue
+        ours = _own_format(records, op, target, dtype, mine)
         if not ours:
             continue
         ctx = ctx or MatrixContext(_float_values(inst.to_scipy()))
+        knobs = _record_knobs(ours, feat, ctx.signature)
+        if knobs is not None:
+            return knobs, "record"
         cases = {(r.signature, r.feat) for r in ours}
-        for r in sorted(ours, key=lambda r: r.time_ms):
-            if r.feat == feat and ctx.signature in (r.signature, r.extra.get(INSTANCE_SIGNATURE)):
-                return dict(r.schedule_knobs), "record"
         if model is None:
             continue
         if len(cases) < MIN_CASES:
@@ -133,6 +118,29 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
 
 
 MIN_CASES = 5  # logged (matrix, width) cases of a format the model must have seen to pick its knobs
+
+
+def _own_format(records, op: str, target: str, dtype: str, mine: str) -> List[R.Record]:
+    """The ok records of ``op`` on ``target`` in ``dtype`` whose format is the instance's
+    own (spec key ``mine``; a record whose spec this sparsec cannot read is passed over)."""
+    from ..formats import make_format
+
+    out = []
+    for r in records:
+        if r.status == "ok" and r.op == op and r.target == target and r.dtype == dtype:
+            try:
+                if _spec_key(make_format(_spec(r)).spec) == mine:
+                    out.append(r)
+            except ValueError:
+                continue
+    return out
+
+
+def _record_knobs(records, feat: int, signature: str) -> Optional[Dict[str, Any]]:
+    """The schedule knobs of the fastest of ``records`` measured at ``feat`` on the matrix
+    with ``signature`` (the one the tuner was given, or the one its format stored), or None."""
+    mine = [r for r in records if r.feat == feat and signature in (r.signature, r.extra.get(INSTANCE_SIGNATURE))]
+    return dict(min(mine, key=lambda r: r.time_ms).schedule_knobs) if mine else None
 
 
 def _float_values(m):
