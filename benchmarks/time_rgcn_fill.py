@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 
 import _preamble  # noqa: F401,E402
@@ -35,21 +36,32 @@ from check_segment_split import time_ms  # noqa: E402
 def variant(name: str):
     """Kernels compiled inside: "separate" keeps the output's fill as a launch of its own;
     "fused" runs it in the contraction's launch (``sparsec.lower.fuse_fill.ENABLED``);
-    "fused_bN" also bounds it to N resident blocks per SM (``FUSED_MIN_BLOCKS``)."""
+    "fused_bN" also bounds it to N resident blocks per SM (``FUSED_MIN_BLOCKS``). A suffix
+    "@hHgG" sets the segment sums' head pass (``segment_contract.HEAD`` = H, ``HEAD_GROUP``
+    = G; "@h0": none), e.g. "separate@h2g4"."""
     from sparsec.lower import fuse_fill
     from sparsec.schedules import segment_contract
 
-    bound = name[len("fused_b"):] if name.startswith("fused_b") else None
-    if name not in ("separate", "fused") and not (bound or "").isdigit():
+    build, _, head = name.partition("@")
+    bound = build[len("fused_b"):] if build.startswith("fused_b") else None
+    if build not in ("separate", "fused") and not (bound or "").isdigit():
         raise ValueError(f"variant should be separate, fused or fused_bN (N blocks per SM), got {name!r}")
-    saved = fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS
-    fuse_fill.ENABLED = name != "separate"
+    match = re.fullmatch(r"h(\d+)(?:g(\d+))?", head) if head else None
+    if head and match is None:
+        raise ValueError(f"variant suffix should be @hH or @hHgG (head entries, group), got {name!r}")
+    saved = (fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS, segment_contract.HEAD,
+             segment_contract.HEAD_GROUP)
+    fuse_fill.ENABLED = build != "separate"
     if bound:
         segment_contract.FUSED_MIN_BLOCKS = int(bound)
+    if match:
+        segment_contract.HEAD = int(match.group(1))
+        segment_contract.HEAD_GROUP = int(match.group(2) or segment_contract.HEAD_GROUP)
     try:
         yield
     finally:
-        fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS = saved
+        (fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS, segment_contract.HEAD,
+         segment_contract.HEAD_GROUP) = saved
 
 
 def main(argv=None) -> int:
@@ -59,9 +71,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="*", default=["separate", "fused", "fused_b8"],
                     help="separate (the fill as a launch of its own, the default build), fused (one launch), "
-                         "fused_bN (one launch, N resident blocks per SM)")
+                         "fused_bN (one launch, N resident blocks per SM); each may end in @hHgG "
+                         "(the segment sums' head pass: H entries, G sums together; @h0 none)")
     args = ap.parse_args(argv)
     args.variants = ["separate"] + [v for v in args.variants if v != "separate"]  # the ratios' base
+    for name in args.variants:
+        with variant(name):  # a misspelt variant fails here, before any graph is loaded
+            pass
     import torch
 
     import sparsec

@@ -64,6 +64,9 @@ SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, l
 # SPLITS: blocks per group of 256 root positions at most; how many a kernel takes follows the
 # matrix it is compiled for (:func:`splits_for`), DEFAULT_SPLITS when only its format is known.
 SPLITS, DEFAULT_SPLITS, CHUNK, STEP = 16, 8, 32, 4
+# The head pass (:func:`sums`): a segment whose share holds at most HEAD entries is summed in
+# groups of HEAD_GROUP of a thread's sums, their loads in flight together; 0 turns it off
+HEAD, HEAD_GROUP = 4, 4
 BALANCED = 8  # a heaviest group within this many times the mean group is not split at all
 # The product's f loop is unrolled up to this F where a thread has BG > 1 columns: with f
 # constant, a thread's Z row and its BG adjacent W columns are consecutive words that nvcc
@@ -229,7 +232,7 @@ def _adds_into_rows(c: Contraction, rows: Expr) -> bool:
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
            "t", "t0", "a", "b", "back", "sgt", "sgq", "lp", "sk", "sf", "ck", "fv", "gl", "st", "sq", "gn", "tr", "fi",
-           "fr", "fg", "ga", "gs", "ng")
+           "fr", "fg", "ga", "gs", "ng", "kg", "kk", "lm", "held", "hp", "hc", "hw")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -269,6 +272,10 @@ def slots(nest, c: Contraction, dtype: str, reads: List[str], writes: str, part:
         "chunks": str(part.chunks(cnt, sp)),
         "first": str(part.first(sp, Sym(P + "kc"))),
         "full": str(part.full(cnt, base)),
+        "first0": str(part.first(sp, 0)),
+        "count_head": render(c.entry_extent, "int32", {root: f"{P}hp[{P}kk]"}),
+        "near_head": render(c.near, dtype, {root: f"{P}hp[{P}kk]", reduced: P + "f",
+                                            entry: f"T.min({P}base + {P}u, {P}hc[{P}kk] - 1)"}),
         "steps": str(part.steps(cnt, base)),
         "near_full": render(c.near, dtype, {**near, entry: f"({P}base + {P}u)"}),
         "near_step": render(c.near, dtype, {**near, entry: f"({P}base + {P}v * {part.step} + {P}u)"}),
@@ -297,7 +304,102 @@ z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
 ns = T.alloc_buffer((1,), "int32", scope="local")
 rv = T.alloc_buffer((1,), "int32", scope="local")
 rw = T.alloc_buffer((1,), "int32", scope="local")
+lm = T.alloc_buffer((1,), "int32", scope="local")
+hp = T.alloc_buffer(({HEAD_GROUP},), "int32", scope="local")
+hc = T.alloc_buffer(({HEAD_GROUP},), "int32", scope="local")
+hw = T.alloc_buffer(({HEAD_GROUP * max(HEAD, 1)},), "{{dtype}}", scope="local")
 """
+
+
+def _segment_sum(c: Contraction, part: Partition) -> str:
+    """Kernel text: the sum of all the entries of split sp's share of segment p, for one f, into z."""
+    return f"""cnt[0] = {{count_p}}
+z[0] = T.{{dtype}}(0)
+for kc in range({{chunks}}):
+    base: T.int32 = {{first}}
+    if {{full}}:
+        for u in T.unroll({part.chunk}):
+            z[0] = z[0] + {{near_full}}
+    else:
+        for v in range({{steps}}):
+            for u in T.unroll({part.step}):
+                if base + v * {part.step} + u < cnt[0]:
+                    z[0] = z[0] + {{near_step}}"""
+
+
+def head_plan(c: Contraction) -> Tuple[int, int]:
+    """(head, group): entries of a short segment summed in the prefetched pass, and how many
+    of a thread's (segment, f) sums that pass unrolls together; (0, 1) where the chunk takes
+    more than 31 sums a thread (the pass's bit mask) or HEAD is 0."""
+    _, TS, _ = tile(c)
+    K = -(-TS * c.F // THREADS)
+    if not HEAD or K > 31:
+        return 0, 1
+    group = max(g for g in range(1, min(HEAD_GROUP, K) + 1) if K % g == 0)
+    return HEAD, group
+
+
+def sums(c: Contraction, part: Partition) -> str:
+    """Kernel text: per chunk of TS segments, each (segment, f) sum of the thread's K into Zs.
+
+    Without a head pass each sum is a chain of dependent loads (the segment's count, then its
+    entries' columns and values, then X's rows), walked one sum after another: K chains a
+    thread, the kernel's latency. With one (:func:`head_plan`), a group of the thread's sums
+    is unrolled and every sum whose share of the segment has at most ``head`` entries (RGCN's
+    typical (relation, row) segment: 1-2 entries) is done there, guarded loads in flight
+    together across the group; the longer ones are marked (bit k of lm) and summed after, as
+    before. Each entry is added in the same order either way."""
+    _, TS, _ = tile(c)
+    K = -(-TS * c.F // THREADS)
+    one = _segment_sum(c, part)
+    head, group = head_plan(c)
+    if not head:
+        return f"""for k in range({K}):
+    e: T.int32 = tid + k * {THREADS}
+    if e < {TS * c.F}:
+        if ch * {TS} + e // {c.F} < ns[0]:
+            p: T.int32 = sg[ch * {TS} + e // {c.F}]
+            f: T.int32 = e % {c.F}
+{indent(one, 12)}
+            Zs[e // {c.F}, f] = z[0]
+        else:
+            Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)"""
+    guard = "" if K * THREADS == TS * c.F else f" and e < {TS * c.F}"
+    pos = f"ch * {TS} + e // {c.F}"
+    store = f"Zs[e // {c.F}, e % {c.F}] = T.Select(held, z[0], T.{{dtype}}(0))"
+    if guard:  # the chunk's last sums reach past it
+        store = f"if e < {TS * c.F}:\n            {store}"
+    return f"""lm[0] = 0
+for kg in range({K // group}):
+    for kk in T.unroll({group}):
+        e: T.int32 = tid + (kg * {group} + kk) * {THREADS}
+        hp[kk] = sg[T.min({pos}, ns[0] - 1)]
+    for kk in T.unroll({group}):
+        hc[kk] = {{count_head}}
+    for kk in T.unroll({group}):
+        for u in T.unroll({head}):
+            e: T.int32 = tid + (kg * {group} + kk) * {THREADS}
+            f: T.int32 = e % {c.F}
+            base: T.int32 = {{first0}}
+            hw[kk * {head} + u] = {{near_head}}
+    for kk in T.unroll({group}):
+        e: T.int32 = tid + (kg * {group} + kk) * {THREADS}
+        held: T.bool = {pos} < ns[0]{guard}
+        base: T.int32 = {{first0}}
+        z[0] = T.{{dtype}}(0)
+        for u in T.unroll({head}):
+            z[0] = z[0] + T.Select(base + u < hc[kk], hw[kk * {head} + u], T.{{dtype}}(0))
+        if held and hc[kk] - base > {head}:
+            lm[0] = T.bitwise_or(lm[0], T.shift_left(1, kg * {group} + kk))
+        {store}
+if lm[0] != 0:
+    for k in range({K}):
+        if T.bitwise_and(T.shift_right(lm[0], k), 1) != 0:
+            e: T.int32 = tid + k * {THREADS}
+            p: T.int32 = sg[ch * {TS} + e // {c.F}]
+            f: T.int32 = e % {c.F}
+{indent(one, 12)}
+            Zs[e // {c.F}, f] = z[0]"""
 
 
 def segments_body(c: Contraction, part: Partition, decide: str = "", claim: str = "") -> str:
@@ -327,27 +429,7 @@ ns[0] = sc[{THREADS - 1}]{decide}
 T.tvm_storage_sync("shared"){claim}
 for ch in range({THREADS // TS}):
     if ch * {TS} < ns[0]:
-        for k in range({-(-TS * c.F // THREADS)}):
-            e: T.int32 = tid + k * {THREADS}
-            if e < {TS * c.F}:
-                if ch * {TS} + e // {c.F} < ns[0]:
-                    p: T.int32 = sg[ch * {TS} + e // {c.F}]
-                    f: T.int32 = e % {c.F}
-                    cnt[0] = {{count_p}}
-                    z[0] = T.{{dtype}}(0)
-                    for kc in range({{chunks}}):
-                        base: T.int32 = {{first}}
-                        if {{full}}:
-                            for u in T.unroll({part.chunk}):
-                                z[0] = z[0] + {{near_full}}
-                        else:
-                            for v in range({{steps}}):
-                                for u in T.unroll({part.step}):
-                                    if base + v * {part.step} + u < cnt[0]:
-                                        z[0] = z[0] + {{near_step}}
-                    Zs[e // {c.F}, f] = z[0]
-                else:
-                    Zs[e // {c.F}, e % {c.F}] = T.{{dtype}}(0)
+{indent(sums(c, part), 8)}
         if tid < {TS}:
             t: T.int32 = tid
             rs[t] = -2
