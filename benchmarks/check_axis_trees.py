@@ -6,7 +6,7 @@ references, on NaN-poisoned outputs, over several formats of the stacked matrix.
 
 Matrices: an edge-case graph (an empty row, a long row, explicit zeros, odd sizes) and a
 2000-node power-law graph; relations drawn per entry, (fin, fout) in {(64, 64), (64, 16),
-(8, 40)}. The reference is sum_r A_r X W_r computed per relation with scipy (and, for the
+(8, 40), (8, 1), (16, 3)} (below 4 output columns a chunk holds more segments than a block has positions). The reference is sum_r A_r X W_r computed per relation with scipy (and, for the
 batch, one SpMM per graph) -- independent of the stacked layout. Prints a table, writes
 DIR/check_axis_trees.json, exits 1 on any failure.
 """
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(22)
     rows = []
     for gname, adj in (("edge-case", _edge_case()), ("power-law-2000", _power_law())):
-        for rel, fin, fout in ((3, 64, 64), (16, 64, 16), (5, 8, 40)):
+        for rel, fin, fout in ((3, 64, 64), (16, 64, 16), (5, 8, 40), (4, 8, 1), (6, 16, 3)):
             types = rng.integers(0, rel, adj.nnz)
             stacked = stack_rows(adj, types, rel).astype(np.float32)
             X = rng.standard_normal((adj.shape[1], fin)).astype(np.float32)

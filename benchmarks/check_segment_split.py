@@ -35,7 +35,7 @@ from sparsec.reference import max_rel_err  # noqa: E402
 from sparsec.schedules import segment_contract  # noqa: E402
 
 FORMATS = ("csr", "hyb")
-SHAPES = ((64, 64), (64, 16), (8, 40))
+SHAPES = ((64, 64), (64, 16), (8, 40), (8, 1), (16, 3))  # G < 4: one chunk of more than 256 segments
 RELATIONS = (4, 16)
 
 

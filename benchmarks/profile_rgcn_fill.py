@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", default="rmat-s18")
     ap.add_argument("--relations", type=int, default=16)
     ap.add_argument("--shape", nargs=2, type=int, default=[64, 16], metavar=("FIN", "FOUT"))
+    ap.add_argument("--variants", nargs="*", default=["fused", "separate"],
+                    help="builds to profile, as benchmarks/time_rgcn_fill.py names them")
     args = ap.parse_args(argv)
     import torch
 
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     W = torch.from_numpy(rng.standard_normal((rel, fin, fout)).astype(np.float32)).cuda()
     b = torch.from_numpy(rng.standard_normal(fout).astype(np.float32)).cuda()
     calls = []
-    for name in ("fused", "separate"):
+    for name in args.variants:
         with variant(name):
             k = sparsec.compile("rgcn_bias", inst, target="cuda", rel=rel, fin=fin, fout=fout)
         a, _, _ = k.prepare(inst, X, W, b)

@@ -37,8 +37,10 @@ def variant(name: str):
     """Kernels compiled inside: "separate" keeps the output's fill as a launch of its own;
     "fused" runs it in the contraction's launch (``sparsec.lower.fuse_fill.ENABLED``);
     "fused_bN" also bounds it to N resident blocks per SM (``FUSED_MIN_BLOCKS``). A suffix
-    "@hHgG" sets the segment sums' head pass (``segment_contract.HEAD`` = H, ``HEAD_GROUP``
-    = G; "@h0": none), e.g. "separate@h2g4"."""
+    after "@" sets segment_contract's constants: hH the head pass's entries (``HEAD``; h0:
+    none), gG its group (``HEAD_GROUP``), pP segments per thread (``PER_THREAD``), cC threads
+    over g (``COL_THREADS``), r0 / r1 runs walked or found by ballots (``BALLOT_RUNS``), e.g.
+    "separate@h2g4" or "fused@h0p8c16r1"."""
     from sparsec.lower import fuse_fill
     from sparsec.schedules import segment_contract
 
@@ -46,22 +48,23 @@ def variant(name: str):
     bound = build[len("fused_b"):] if build.startswith("fused_b") else None
     if build not in ("separate", "fused") and not (bound or "").isdigit():
         raise ValueError(f"variant should be separate, fused or fused_bN (N blocks per SM), got {name!r}")
-    match = re.fullmatch(r"h(\d+)(?:g(\d+))?", head) if head else None
-    if head and match is None:
-        raise ValueError(f"variant suffix should be @hH or @hHgG (head entries, group), got {name!r}")
-    saved = (fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS, segment_contract.HEAD,
-             segment_contract.HEAD_GROUP)
+    knobs = {"h": "HEAD", "g": "HEAD_GROUP", "p": "PER_THREAD", "c": "COL_THREADS", "r": "BALLOT_RUNS"}
+    given = re.findall(r"([hgpcr])(\d+)", head)
+    if "".join(k + v for k, v in given) != head:
+        raise ValueError(f"variant suffix should be letters h, g, p, c, r each with a number (e.g. @h2g4p8c16r1), got {name!r}")
+    saved = {n: getattr(segment_contract, n) for n in ("FUSED_MIN_BLOCKS", *knobs.values())}
+    saved_enabled = fuse_fill.ENABLED
     fuse_fill.ENABLED = build != "separate"
     if bound:
         segment_contract.FUSED_MIN_BLOCKS = int(bound)
-    if match:
-        segment_contract.HEAD = int(match.group(1))
-        segment_contract.HEAD_GROUP = int(match.group(2) or segment_contract.HEAD_GROUP)
+    for k, v in given:
+        setattr(segment_contract, knobs[k], int(v))
     try:
         yield
     finally:
-        (fuse_fill.ENABLED, segment_contract.FUSED_MIN_BLOCKS, segment_contract.HEAD,
-         segment_contract.HEAD_GROUP) = saved
+        fuse_fill.ENABLED = saved_enabled
+        for n, v in saved.items():
+            setattr(segment_contract, n, v)
 
 
 def main(argv=None) -> int:

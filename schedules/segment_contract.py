@@ -54,6 +54,7 @@ from .segment_split import Partition, Sym
 THREADS = 256  # threads per block, and root positions per block (one flag each in the scan)
 assert THREADS == SYNC_ROWS  # a fused fill's groups of rows are one block's positions (ir_attrs)
 PER_THREAD = 4  # segments of a thread's register tile
+COL_THREADS = 32  # threads over g (fewer where G is smaller): G / COL_THREADS columns of the tile
 SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, less the scan's)
 # The split of long segments (``schedules.segment_split``), constants (the kernel is written
 # before schedule knobs apply; benchmarks/time_rgcn_splits.py and check_segment_split.py time
@@ -66,7 +67,8 @@ SHARED_BYTES = 46 * 1024  # the static shared memory a block may take (48 KiB, l
 SPLITS, DEFAULT_SPLITS, CHUNK, STEP = 16, 8, 32, 4
 # The head pass (:func:`sums`): a segment whose share holds at most HEAD entries is summed in
 # groups of HEAD_GROUP of a thread's sums, their loads in flight together; 0 turns it off
-HEAD, HEAD_GROUP = 4, 4
+HEAD, HEAD_GROUP = 0, 4
+BALLOT_RUNS = True  # runs of one Q slice found by warp ballots (:func:`runs`)
 BALANCED = 8  # a heaviest group within this many times the mean group is not split at all
 # The product's f loop is unrolled up to this F where a thread has BG > 1 columns: with f
 # constant, a thread's Z row and its BG adjacent W columns are consecutive words that nvcc
@@ -179,7 +181,7 @@ def match(nest, program) -> Optional[Contraction]:
         return None
     G, F = int(spatial[0].extent.value), int(reduced[0].extent.value)
     itemsize = 8 if program.dtype.out.endswith("64") else 4  # accumulation in the output dtype
-    if (F * G + THREADS // min(32, G) * PER_THREAD * F) * itemsize > SHARED_BYTES:  # Ws + Zs
+    if (F * G + THREADS // min(COL_THREADS, G) * PER_THREAD * F) * itemsize > SHARED_BYTES:  # Ws + Zs
         return None
     p = _product(near)
     if guard is not None:
@@ -232,7 +234,7 @@ def _adds_into_rows(c: Contraction, rows: Expr) -> bool:
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
            "t", "t0", "a", "b", "back", "sgt", "sgq", "lp", "sk", "sf", "ck", "fv", "gl", "st", "sq", "gn", "tr", "fi",
-           "fr", "fg", "ga", "gs", "ng", "kg", "kk", "lm", "held", "hp", "hc", "hw")
+           "fr", "fg", "ga", "gs", "ng", "kg", "kk", "lm", "held", "hp", "hc", "hw", "rm", "ml", "wi", "ln", "wv")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
 
@@ -251,7 +253,7 @@ def _fill(template: str, exprs: Dict[str, str]) -> str:
 def tile(c: Contraction) -> Tuple[int, int, int]:
     """(GT, TS, BG): threads over g, segments per chunk (thread rows x PER_THREAD), g columns
     per thread."""
-    GT = min(32, c.G)
+    GT = min(COL_THREADS, c.G)
     return GT, THREADS // GT * PER_THREAD, -(-c.G // GT)
 
 
@@ -304,6 +306,10 @@ z = T.alloc_buffer((1,), "{{dtype}}", scope="local")
 ns = T.alloc_buffer((1,), "int32", scope="local")
 rv = T.alloc_buffer((1,), "int32", scope="local")
 rw = T.alloc_buffer((1,), "int32", scope="local")
+rm = T.alloc_buffer(({-(-min(TS, THREADS) // 32)},), "uint32", scope="shared")
+ml = T.alloc_buffer((1,), "uint32", scope="local")
+wi = T.alloc_buffer((1,), "int32", scope="local")
+ln = T.alloc_buffer((1,), "int32", scope="local")
 lm = T.alloc_buffer((1,), "int32", scope="local")
 hp = T.alloc_buffer(({HEAD_GROUP},), "int32", scope="local")
 hc = T.alloc_buffer(({HEAD_GROUP},), "int32", scope="local")
@@ -402,6 +408,80 @@ if lm[0] != 0:
             Zs[e // {c.F}, f] = z[0]"""
 
 
+def runs(c: Contraction) -> str:
+    """Kernel text, per chunk: rs[t] = the first segment of segment t's run (consecutive
+    segments of one Q slice; -2 past the chunk's segments), then a loop that reaches the body
+    after it once per run, t0 = the run's first segment, every thread alike (the body holds
+    barriers). With BALLOT_RUNS the runs' first segments are bits of warp ballots (rm, one
+    word per 32 segments): each thread finds its run's start from the words (count leading
+    zeros), and the loop visits only the set bits (find first set); otherwise a thread walks
+    back segment by segment to its run's start and the loop visits every segment of the
+    chunk, doing the body where one starts (Nsight Compute, mdual 64x64 on an H200: a quarter
+    of the kernel's stall samples waited at the barrier after that walk, and a fifth of its
+    instructions were the visits)."""
+    _, TS, _ = tile(c)
+    if not BALLOT_RUNS:
+        return f"""if tid < {TS}:
+    t: T.int32 = tid
+    rs[t] = -2
+    if ch * {TS} + t < ns[0]:
+        rs[t] = T.if_then_else(t == 0, 0, -1)
+        if t > 0:
+            sgt: T.int32 = sg[ch * {TS} + t]
+            sgq: T.int32 = sg[ch * {TS} + t - 1]
+            if {{key_change}}:
+                rs[t] = t
+T.tvm_storage_sync("shared")
+if tid < {TS}:
+    tmp[0] = rs[tid]
+    for back in range({TS}):
+        if tmp[0] == -1:
+            rv[0] = rs[T.max(tid - back - 1, 0)]
+            if rv[0] != -1:
+                tmp[0] = rv[0]
+T.tvm_storage_sync("shared")
+if tid < {TS}:
+    rs[tid] = tmp[0]
+T.tvm_storage_sync("shared")
+for t0 in range({TS}):
+    rv[0] = rs[t0]
+    if rv[0] == t0:"""
+    span = min(TS, THREADS)
+    words = -(-span // 32)
+    return f"""if tid < {words * 32}:
+    t: T.int32 = tid
+    tmp[0] = 0
+    if t < {span} and ch * {TS} + t < ns[0]:
+        tmp[0] = T.if_then_else(t == 0, 1, 0)
+        if t > 0:
+            sgt: T.int32 = sg[ch * {TS} + t]
+            sgq: T.int32 = sg[ch * {TS} + t - 1]
+            if {{key_change}}:
+                tmp[0] = 1
+    ml[0] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), tmp[0])
+    if t % 32 == 0:
+        rm[t // 32] = ml[0]
+T.tvm_storage_sync("shared")
+if tid < {span}:
+    rs[tid] = -2
+    if ch * {TS} + tid < ns[0]:
+        wi[0] = tid // 32
+        ln[0] = tid % 32
+        ml[0] = T.shift_left(rm[tid // 32], T.uint32(31) - T.Cast("uint32", tid % 32))
+        while ml[0] == T.uint32(0):
+            wi[0] = wi[0] - 1
+            ln[0] = 31
+            ml[0] = rm[wi[0]]
+        rs[tid] = wi[0] * 32 + ln[0] - T.call_extern("int32", "__clz", ml[0])
+T.tvm_storage_sync("shared")
+for wv in range({words}):
+    ml[0] = rm[wv]
+    while ml[0] != T.uint32(0):
+        t0: T.int32 = wv * 32 + T.call_extern("int32", "__ffs", ml[0]) - 1
+        ml[0] = T.bitwise_and(ml[0], ml[0] - T.uint32(1))
+"""
+
+
 def segments_body(c: Contraction, part: Partition, decide: str = "", claim: str = "") -> str:
     """What a block does with the root positions p0 it holds (``{holds}``, at least one in the
     block): compact them (a scan in shared memory), then per chunk of TS of them sum each
@@ -427,34 +507,10 @@ if {{holds}}:
     sg[sc[tid] - 1] = p0
 ns[0] = sc[{THREADS - 1}]{decide}
 T.tvm_storage_sync("shared"){claim}
-for ch in range({THREADS // TS}):
+for ch in range({-(-THREADS // TS)}):  # one chunk where TS >= THREADS (G < 4)
     if ch * {TS} < ns[0]:
 {indent(sums(c, part), 8)}
-        if tid < {TS}:
-            t: T.int32 = tid
-            rs[t] = -2
-            if ch * {TS} + t < ns[0]:
-                rs[t] = T.if_then_else(t == 0, 0, -1)
-                if t > 0:
-                    sgt: T.int32 = sg[ch * {TS} + t]
-                    sgq: T.int32 = sg[ch * {TS} + t - 1]
-                    if {{key_change}}:
-                        rs[t] = t
-        T.tvm_storage_sync("shared")
-        if tid < {TS}:
-            tmp[0] = rs[tid]
-            for back in range({TS}):
-                if tmp[0] == -1:
-                    rv[0] = rs[T.max(tid - back - 1, 0)]
-                    if rv[0] != -1:
-                        tmp[0] = rv[0]
-        T.tvm_storage_sync("shared")
-        if tid < {TS}:
-            rs[tid] = tmp[0]
-        T.tvm_storage_sync("shared")
-        for t0 in range({TS}):
-            rv[0] = rs[t0]
-            if rv[0] == t0:
+{indent(runs(c), 8)}
                 sgt: T.int32 = sg[ch * {TS} + t0]
                 sgq: T.int32 = T.max(lp[0], 0)
                 rw[0] = T.if_then_else(lp[0] < 0, 1, 0)

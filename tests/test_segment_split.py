@@ -2,6 +2,7 @@
 every entry of every segment summed exactly once, the kernel's rendered arithmetic equal to
 the model's, and the CUDA kernel with and without splits compiling for sm_90a."""
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -135,3 +136,32 @@ def test_contraction_product_loads_shared_tiles_as_vectors_and_reuses_the_w_slic
     assert "for l__f in T.unroll(64)" in wide.script and "for l__f in T.unroll(64)" not in narrow.script
     ptx = nvcc_ptx(wide.source(), "sm_90a")
     assert "ld.shared.v4.f32" in ptx and "ld.shared.v2.f32" in ptx
+
+
+@pytest.mark.parametrize("fout", [1, 2, 3])
+def test_narrow_outputs_keep_their_one_chunk(fout):
+    """Below 4 output columns a chunk's segments (TS = 256 / G x 4) outnumber a block's 256
+    positions; the kernel still walks that one chunk (it walked none before: the output kept
+    its fill, silently wrong), summing, multiplying and adding into Y."""
+    inst = convert(stack_rows(_graph(), np.arange(_graph().nnz) % 3, 3).astype(np.float32), "csr")
+    k = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=3, fin=8, fout=fout)
+    _, TS, _ = segment_contract.tile(SimpleNamespace(G=fout))
+    assert TS >= segment_contract.THREADS
+    src = k.source()
+    assert "atomicAdd" in src and "l__Zs_ptr[" in src and "__ballot_sync" in src
+
+
+def test_runs_are_found_by_ballots_and_visited_once_each():
+    """The runs of one W slice within a chunk: a ballot of the run starts per 32 segments, each
+    segment's start by counting leading zeros, and a loop over the set bits (find first set)
+    instead of a walk back and a visit of every segment; the walk stays behind BALLOT_RUNS."""
+    inst = convert(stack_rows(_graph(), np.arange(_graph().nnz) % 4, 4).astype(np.float32), "csr")
+    src = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=16).source()
+    assert "__ballot_sync" in src and "__clz" in src and "__ffs" in src and "l__back" not in src
+    saved = segment_contract.BALLOT_RUNS
+    segment_contract.BALLOT_RUNS = False
+    try:
+        walked = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=8).source()
+    finally:
+        segment_contract.BALLOT_RUNS = saved
+    assert "l__back" in walked and "__ballot_sync" not in walked
