@@ -7,8 +7,8 @@ times side by side.
 
 Per graph and layer shape (64x64, 64x16): ``rgcn_bias`` (R relations + the root term, the
 bias folded into the fill) compiled with the fill claimed per group of rows inside the
-contraction's launch (``lower.fuse_fill``) and with the fill as a kernel of its own first
-(sparsec's default). Each is called 4 times on a NaN-poisoned
+contraction's launch (``lower.fuse_fill``, sparsec's default) and with the fill as a kernel
+of its own first. Each is called 4 times on a NaN-poisoned
 output (the call counts in the workspace advance) and checked against float64 scipy; then
 timed with CUDA events, median of 50 launches, in 3 alternated rounds (the minimum round is
 reported). Writes $OUT/time_rgcn_fill.json and prints a table last.

@@ -34,7 +34,7 @@ output that is stored (each row owned by one root position, empty rows given the
 here) keeps SPLITS = 1: a store and an atomicAdd into one element from different blocks
 would race.
 
-Where the output's fill may run in this launch (``lower.fuse_fill``, off by default: see
+Where the output's fill may run in this launch (``lower.fuse_fill``, on by default: see
 there), the blocks order themselves through a workspace of int32 counters that persists
 from call to call (``ir_attrs.SYNC_PREFIX``): the first block to reach a group of 256 output
 rows in a call claims and fills it, the others wait for that group only, before they add

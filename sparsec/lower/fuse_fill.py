@@ -14,8 +14,8 @@ The workspace's counts say which call a launch is, so calls on one matrix must r
 another: two launches of such a kernel on one matrix instance on different streams at once
 would mix their counts. A block that waits for a fill longer than
 ``segment_contract.SPIN_LIMIT`` polls stops the launch with ``__trap`` (a CUDA error that
-ends the process's CUDA context) rather than hang or add into an unfilled row. That is one
-more reason the fusion is off by default.
+ends the process's CUDA context) rather than hang or add into an unfilled row. ``SPARSEC_FUSE_FILL=0`` (or ``ENABLED = False``
+before compiling) keeps the fill a launch of its own.
 """
 from __future__ import annotations
 
@@ -31,17 +31,17 @@ from .flatten import BufferDecl, FlatProgram
 
 SYNC_LEN = "n_sync"  # the workspace's length, bound from the array
 
-# Off by default, for now. Measured on an H200 (benchmarks/results/rgcn_fill_H200.json,
-# rgcn_bias R = 16 + root, bias in the fill; this tree: "session18.v6_one_protocol_copy"),
-# the fused kernel is as correct as the two launches (check_axis_trees 56/56) but up to 9 %
-# slower per layer (mdual 64x64 1.07x, 64x16 1.02x; R-MAT s18 64x64 1.02x, 64x16 1.09x the
-# two launches), and RGCN's forward pass with it ran at 3.01x / 3.01x the fastest peer
-# (2.81x-3.02x over five runs of this and close variants), against 3.15x / 3.17x with two
-# launches on the same machine: too thin a margin, and 5 % of every user's forward pass.
-# ``benchmarks/time_rgcn_fill.py`` compares both builds; set this True before compiling (or
-# SPARSEC_FUSE_FILL=1 in the environment, for whole scripts such as examples/rgcn.py) to
-# make every contraction that fits one launch.
-ENABLED = os.environ.get("SPARSEC_FUSE_FILL", "0") == "1"
+# On by default since the contraction found its runs by warp ballots (segment_contract.
+# BALLOT_RUNS). Measured on an H200 (benchmarks/results/rgcn_fill_H200.json, key
+# "session22"; rgcn_bias R = 16 + root, bias in the fill), fused / two launches per layer:
+# mdual 64x64 1.01, 64x16 1.02, R-MAT s18 64x64 1.03, 64x16 0.85; RGCN's forward pass in one
+# launch per layer ran at 3.96x (mdual) and 3.75x (R-MAT s18) the fastest peer
+# (examples/rgcn.py --relations 16). Before that change the fused build cost up to 9 % a
+# layer and its forward pass sat at 3.01x, so it was off. ``benchmarks/time_rgcn_fill.py``
+# compares both builds; set this False before compiling (or SPARSEC_FUSE_FILL=0 in the
+# environment) to give every fill a launch of its own, e.g. to run one matrix's kernels on
+# several streams at once (above).
+ENABLED = os.environ.get("SPARSEC_FUSE_FILL", "1") == "1"
 
 
 def fuse_fills(flat: FlatProgram, splits: Optional[int] = None) -> FlatProgram:
