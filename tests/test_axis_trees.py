@@ -1,5 +1,7 @@
 """Structures with an outer axis (r, i, j): the DSL, the stacked binding on several formats,
 the library's rgcn and batched_spmm, CUDA's segment contraction, and sparsec.torch_rgcn."""
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -43,17 +45,40 @@ def test_batched_spmm_one_graph_per_batch_entry():
     assert max_rel_err(k(inst, X, poison=True), ref) < 1e-5
 
 
-@pytest.fixture
-def fused_fill():
-    """Kernels compiled in the test run the output's fill in the contraction's launch."""
+def _fill_fusion(on: bool):
     from sparsec.lower import fuse_fill
 
-    saved, fuse_fill.ENABLED = fuse_fill.ENABLED, True
+    saved, fuse_fill.ENABLED = fuse_fill.ENABLED, on
     yield
     fuse_fill.ENABLED = saved
 
 
-def test_segment_contraction_is_one_cuda_kernel_after_the_fill_and_compiles():
+@pytest.fixture
+def fused_fill():
+    """Kernels compiled in the test run the output's fill in the contraction's launch."""
+    yield from _fill_fusion(True)
+
+
+@pytest.fixture
+def separate_fill():
+    """Kernels compiled in the test give the output's fill a launch of its own
+    (SPARSEC_FUSE_FILL=0)."""
+    yield from _fill_fusion(False)
+
+
+def test_rgcn_is_one_cuda_launch_by_default():
+    """The fill's fusion is on unless turned off: the library RGCN is one launch a layer."""
+    from sparsec.lower import fuse_fill
+
+    assert fuse_fill.ENABLED == (os.environ.get("SPARSEC_FUSE_FILL", "1") == "1")
+    if not fuse_fill.ENABLED:
+        pytest.skip("SPARSEC_FUSE_FILL=0 in this environment")
+    inst = convert(stack_rows(_graph(), np.arange(_graph().nnz) % 4, 4).astype(np.float32), "csr")
+    src = sparsec.compile("rgcn_bias", inst, target="cuda", rel=4, fin=64, fout=32).source()
+    assert src.count("__global__") // 2 == 1 and "atomicCAS" in src
+
+
+def test_segment_contraction_is_one_cuda_kernel_after_the_fill_and_compiles(separate_fill):
     from nvcc_tools import nvcc_compile
 
     adj = _graph()
