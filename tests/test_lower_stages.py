@@ -10,7 +10,7 @@ import tvm
 
 from sparsec import dsl, ops
 from sparsec.formats import make_format
-from sparsec.lower import STAGES, LowerContext, LoweringError, LoweringTypeError, lower, lower_program, run_stages
+from sparsec.lower import STAGES, LowerContext, LoweringError, LoweringTypeError, lower, lower_flat, lower_program, run_stages
 from sparsec.lower import pipeline
 from sparsec.lower.bind import BoundOperator
 from sparsec.lower.flatten import FlatProgram
@@ -217,3 +217,18 @@ def test_context_checks_parameters_before_any_stage(monkeypatch):
     assert calls == []
     ctx = pipeline.LowerContext(ops.get("spmm"), make_format("csr"), {"feat": np.int64(8)}, dtype="float16")
     assert ctx.params == {"feat": 8} and type(ctx.params["feat"]) is int and ctx.dtype == "float16"
+
+
+@pytest.mark.parametrize("op, spec, params", [("spmm", "csr", {"feat": 32}), ("sddmm", "hyb:2:1/2/4", {"feat": 16}),
+                                              ("rgcn_bias", "csr", {"rel": 3, "fin": 16, "fout": 8})])
+def test_flat_program_alone_is_the_one_the_full_lowering_returns(op, spec, params):
+    """lower_flat (what the tuner reads templates from) stops before the TVMScript but gives
+    the flat program lower_program returns beside the PrimFunc, fused fills included."""
+    from sparsec.schedules.plan import templates
+
+    _, full = lower_program(ops.get(op), make_format(spec), params, atomics=True)
+    alone = lower_flat(ops.get(op), make_format(spec), params, atomics=True)
+    assert [(n.name, n.template, n.prologue is not None) for n in alone.nests] == \
+        [(n.name, n.template, n.prologue is not None) for n in full.nests]
+    assert [u.transformation.name for u in templates(alone, "cuda")] == \
+        [u.transformation.name for u in templates(full, "cuda")]

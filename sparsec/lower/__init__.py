@@ -24,7 +24,7 @@ from ..formats import CompositeFormat, Format
 from .flatten import FlatProgram
 from .pipeline import STAGES, LowerContext, LoweringError, LoweringTypeError, run_stages
 
-__all__ = ["STAGES", "LowerContext", "LoweringError", "LoweringTypeError", "lower", "lower_program", "run_stages"]
+__all__ = ["STAGES", "LowerContext", "LoweringError", "LoweringTypeError", "lower", "lower_flat", "lower_program", "run_stages"]
 
 
 def lower(op: Operator, fmt: Union[Format, CompositeFormat], params: Dict[str, int], dtype: str = "float32",
@@ -48,5 +48,13 @@ def lower_program(op: Operator, fmt: Union[Format, CompositeFormat], params: Dic
     results = run_stages(ctx, start_from)
     flat = results.get("flat")
     if flat is None:
-        flat = run_stages(LowerContext(op, fmt, params, dtype, atomics), stop="flat")["flat"]
+        flat = lower_flat(op, fmt, params, dtype, atomics)
     return results["tir"], flat
+
+
+def lower_flat(op: Operator, fmt: Union[Format, CompositeFormat], params: Dict[str, int],
+               dtype: str = "float32", atomics: bool = False) -> FlatProgram:
+    """The flat program alone: all a schedule's choice of templates reads
+    (``schedules.plan.templates``), without printing and parsing the TVMScript (about a
+    quarter of a second an operator, which a tuner's pick paid before its first ranking)."""
+    return run_stages(LowerContext(op, fmt, params, dtype, atomics), stop="flat")["flat"]

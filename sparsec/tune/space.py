@@ -44,7 +44,7 @@ from ..formats import make_format
 from ..formats.choose import default_format
 from ..formats.convert import canonical_csr
 from ..formats.stats import block_counts
-from ..lower import lower_program
+from ..lower import lower_flat
 from ..schedules import features_over_threads, templates
 from ..targets import parse_target
 from .signature import matrix_stats
@@ -85,8 +85,7 @@ def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str, s
     """The transformations (``schedules.plan.Use``) that schedule ``op`` over the format
     ``spec`` at width ``feat`` on ``target_kind``, read off the lowered program; ``shape``
     and ``density``: of the matrix, where the template depends on it (BSR float16)."""
-    _, program = lower_program(ops.get(op), make_format(spec), {"feat": feat}, dtype,
-                               atomics=target_kind == "cuda")
+    program = lower_flat(ops.get(op), make_format(spec), {"feat": feat}, dtype, atomics=target_kind == "cuda")
     return tuple(templates(program, target_kind, shape=shape, density=density))
 
 
