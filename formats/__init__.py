@@ -9,7 +9,7 @@ Note: the name ``convert`` here is the function; the module is ``formats.convert
 """
 from __future__ import annotations
 
-from . import bsr, bsr_csr, csr, ell, hyb, nm, rell, srbcrs, tiled, validate
+from . import bsr, bsr_csr, choose, csr, ell, hyb, nm, rell, srbcrs, tiled, validate
 from .axes import AXIS_KINDS, Axis, DenseFixed, DenseVariable, SparseFixed, SparseVariable
 from .base import SUPPORTED_VALUE_DTYPES, Format, FormatInstance
 from .composite import CompositeFormat, CompositeInstance
@@ -24,7 +24,18 @@ def convert(matrix, fmt_or_spec, **kw) -> FormatInstance:
     a spec string; keyword arguments (shape, dtype, block, width) override the spec's.
     The result is sealed (``FormatInstance.seal``; every part of a composite): its index arrays
     are read-only and a kernel call trusts them without a pass over them; an instance changed
-    since (an array replaced, the shape changed) is checked in full before each launch."""
+    since (an array replaced, the shape changed) is checked in full before each launch.
+
+    ``"auto"`` picks the format: ``convert(m, "auto", op="spmm", feat=32,
+    target="cuda:sm_90a")`` takes the tuning logs' pick for this matrix (format and format
+    knobs: ``choose.auto_format``), else the rule-based default; the instance's
+    ``format_source`` says which ("record", "model" or "default")."""
+    if isinstance(fmt_or_spec, str) and fmt_or_spec.strip() == "auto":
+        picked = {k: kw.pop(k) for k in choose.AUTO_KEYWORDS if k in kw}
+        spec, knobs, source = choose.auto_format(matrix, dtype=kw.get("dtype"), **picked)
+        inst = convert(matrix, spec, **{**knobs, **kw})
+        inst.format_source = source
+        return inst
     if isinstance(fmt_or_spec, (Format, CompositeFormat)):
         m, params = module_for(fmt_or_spec), dict(fmt_or_spec.params)
     else:

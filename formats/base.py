@@ -166,6 +166,8 @@ class FormatInstance:
     data: np.ndarray
     nnz: int
     conversion_s: float = 0.0
+    # who chose the format where convert(m, "auto") did: "record", "model" or "default"
+    format_source: Optional[str] = field(default=None, compare=False)
     _coords: Any = field(default=None, repr=False, compare=False)
     _seal: Any = field(default=None, repr=False, compare=False)  # a Seal (see the module docstring)
 

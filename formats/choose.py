@@ -18,7 +18,9 @@ The tuner (issue 5) refines this per matrix.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+import warnings
+from importlib.metadata import entry_points
+from typing import Any, Dict, Optional, Tuple
 
 from .stats import row_stats  # noqa: F401  (the statistics default_format reads; callers import it from here)
 
@@ -45,3 +47,38 @@ def default_format(op: str, stats: Dict[str, float], feat: Optional[int] = None)
         return "csr"
     wide = feat is None or feat >= WIDE_FEAT
     return "csr" if cv <= REGULAR_CV and wide else "hyb"
+
+
+# Pickers that know more than the rule (the tuner's cost model) register under this
+# entry-point group (pyproject.toml): the formats layer sits below the tuner and never
+# imports it. A picker is called as pick(matrix, op, feat, target, dtype) and returns
+# (family spec, format knobs, source) or None where it has nothing to say.
+PICKERS = "sparsec.format_pickers"
+AUTO_KEYWORDS = ("op", "feat", "target")  # what convert(m, "auto") reads besides dtype
+
+
+def auto_format(matrix, op: str = "spmm", feat: Optional[int] = None, target: Optional[str] = None,
+                dtype: Optional[str] = None) -> Tuple[str, Dict[str, Any], str]:
+    """(spec, format knobs, source) for ``convert(matrix, "auto", ...)``: the first
+    registered picker's answer (source "record" or "model": the tuning logs' pick for this
+    matrix, ``op``, width ``feat`` and ``target``), else :func:`default_format` (source
+    "default"). A picker that cannot load or lacks a package (no xgboost) is skipped; one
+    that fails otherwise warns, and the rule answers."""
+    from .convert import as_csr
+
+    for ep in entry_points(group=PICKERS):
+        try:
+            pick = ep.load()
+        except ImportError:
+            continue
+        try:
+            got = pick(matrix, op, feat, target, dtype or "float32")
+        except ImportError:  # the picker's own needs (xgboost: the tune extra) are missing
+            continue
+        except Exception as e:  # a damaged log or model must not stop a conversion
+            warnings.warn(f"format picker {ep.name!r} failed ({type(e).__name__}: {e}); "
+                          "using the rule-based default format", stacklevel=3)
+            continue
+        if got is not None:
+            return got
+    return default_format(op, row_stats(as_csr(matrix)), feat), {}, "default"

@@ -131,6 +131,7 @@ class CompositeInstance:
     parts: List[FormatInstance]
     nnz: int
     conversion_s: float = 0.0
+    format_source: Optional[str] = field(default=None, compare=False)  # as FormatInstance's
     _data: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):

@@ -178,28 +178,17 @@ def transpose_spec(spec: str) -> Optional[str]:
 
 
 def _auto_instance(m, feat: Optional[int], device, dtype):
-    """(instance, source) for ``SparseTensor(fmt="auto")``: the tuning logs' pick of format
-    and format knobs for SpMM at ``feat`` on ``device`` (a CUDA device: its arch's log), else
-    the rule-based default format ("default"; also where ``feat`` is unknown, the values
-    are not floats, or no cost model can be loaded here)."""
-    from . import workload
-    from .formats.choose import default_format, row_stats
-
-    name = _dtype_name(dtype)
-    if feat is not None and name in ("float32", "float64", "float16") and device.type == "cuda" \
-            and torch.cuda.is_available():
+    """(instance, source) for ``SparseTensor(fmt="auto")``: ``formats.convert(m, "auto")``
+    for SpMM at ``feat`` on ``device`` (a CUDA device: its arch's tuning log; the CPU has
+    none), so the tuning logs' pick of format and format knobs where there is one, else the
+    rule-based default format ("default")."""
+    target = None
+    if device.type == "cuda" and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(device)
         target = f"cuda:sm_{major}{minor}" + ("a" if major == 9 else "")
-        try:
-            from .tune.apply import tuned_config
-
-            cand, source = tuned_config("spmm", m, feat, target, name)
-        except ImportError:  # no cost model here (the tune extra)
-            cand, source = None, "default"
-        if cand is not None and source != "default":
-            inst, _ = workload.convert(m, cand["format"], cand["format_knobs"], name)
-            return inst, source
-    return convert(m, default_format("spmm", row_stats(m), feat), dtype=dtype), "default"
+    name = _dtype_name(dtype)
+    inst = convert(m, "auto", op="spmm", feat=feat, target=target, dtype=name or dtype)
+    return inst, inst.format_source
 
 
 def _dtype_name(dtype) -> Optional[str]:

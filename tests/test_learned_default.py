@@ -142,3 +142,38 @@ def test_integer_formats_get_a_quiet_answer(monkeypatch, tmp_path):
         k = sparsec.compile("spmm", inst, target=TARGET, feat=64)
     assert k.extra["knobs_source"].startswith("default: the tuning log has 2 case(s) of srbcrs")
     assert k.knobs == build.compile("spmm", inst, target=TARGET, feat=64).knobs
+
+
+def test_convert_auto_takes_the_logs_pick_and_says_whose(graph, monkeypatch, tmp_path):
+    """formats.convert(m, "auto", op=, feat=, target=) converts to the tuning logs' pick
+    (format and format knobs, through the entry point the tuner registers: the formats layer
+    never imports it); without a width or target, or for a target with no log, the rule's
+    format; format_source says which."""
+    from importlib.metadata import entry_points
+
+    from sparsec.formats.choose import PICKERS, default_format, row_stats
+
+    assert [ep.value for ep in entry_points(group=PICKERS)] == ["sparsec.tune.apply:auto_format_pick"]
+    _shipped(monkeypatch, tmp_path)
+    cand, source = apply.tuned_config("spmm", graph, 32, TARGET)
+    inst = convert(graph, "auto", op="spmm", feat=32, target=TARGET)
+    assert inst.format_source == source == "model"
+    assert inst.format.spec == convert(graph, cand["format"], **cand["format_knobs"]).format.spec
+    np.testing.assert_array_equal(inst.to_scipy().toarray(), graph.toarray())
+    for kw in ({}, {"feat": 32}, {"feat": 32, "target": "llvm"}, {"op": "rgcn", "feat": 32, "target": TARGET}):
+        inst = convert(graph, "auto", **kw)
+        assert inst.format_source == "default" and inst.format.name == default_format(
+            kw.get("op", "spmm"), row_stats(graph), kw.get("feat")), kw
+    assert convert(graph, "auto", feat=32, target=TARGET, dtype="float16").value_dtype == "float16"
+
+
+def test_convert_auto_warns_and_takes_the_rule_when_the_picker_fails(graph, monkeypatch, tmp_path):
+    _shipped(monkeypatch, tmp_path)
+
+    def broken(*a, **k):
+        raise RuntimeError("model file damaged")
+
+    monkeypatch.setattr(apply, "tuned_config", broken)
+    with pytest.warns(UserWarning, match="format picker 'learned' failed .*model file damaged.*rule-based"):
+        inst = convert(graph, "auto", feat=32, target=TARGET)
+    assert inst.format_source == "default"

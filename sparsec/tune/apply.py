@@ -227,6 +227,29 @@ def _record_candidate(r: R.Record) -> Dict[str, Any]:
             "schedule_knobs": dict(r.schedule_knobs), "feat": r.feat, "dtype": r.dtype}
 
 
+AUTO_FORMAT_OPS = ("spmm", "sddmm")  # the operators the tuner measures
+AUTO_FORMAT_DTYPES = ("float32", "float64", "float16")  # values the tuner's float formats take
+
+
+def auto_format_pick(matrix, op: str, feat, target, dtype) -> Optional[Tuple[str, Dict[str, Any], str]]:
+    """``formats.convert(m, "auto")``'s learned picker (entry point ``learned`` of the group
+    ``sparsec.format_pickers``): (format, format knobs, "record" | "model") from
+    :func:`tuned_config`, or None where it has nothing to add to the rule: no width or
+    target given, an operator or dtype the tuner does not measure, no log for the target."""
+    from ..dtypes import dtype_spec
+    from ..targets import parse_target
+
+    if feat is None or target is None or op not in AUTO_FORMAT_OPS:
+        return None
+    name = dtype_spec(dtype if isinstance(dtype, str) else np.dtype(dtype).name).name
+    if name not in AUTO_FORMAT_DTYPES:
+        return None
+    cand, source = tuned_config(op, matrix, int(feat), parse_target(target).name, name)
+    if source == "default":
+        return None
+    return cand["format"], dict(cand["format_knobs"]), source
+
+
 def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32", log: Optional[str] = None,
                  families: Optional[Sequence[str]] = None) -> Tuple[Dict[str, Any], str]:
     """(candidate, source): the fastest logged record for this matrix (by content
