@@ -164,20 +164,46 @@ def _pow2_floor(x) -> int:
 def _groups(indptr, indices, n_cols: int, col_parts: int):
     """(row, column range) groups of a canonical CSR: for each non-empty group its row,
     range, first entry and length, in (row, range) order (entries are sorted by column,
-    so every group is one contiguous run of entries)."""
+    so every group is one contiguous run of entries: a group starts where a row starts or
+    the column range changes within a row)."""
     nnz = int(indices.size)
     pw = max(-(-n_cols // col_parts), 1)
-    rowid = V.major_ids(indptr)
-    part = indices.astype(np.int64) // pw if col_parts > 1 else np.zeros(nnz, np.int64)
-    key = rowid * col_parts + part
-    if nnz:
-        brk = np.flatnonzero(key[1:] != key[:-1]) + 1
-        starts = np.concatenate(([0], brk))
-    else:
-        starts = np.zeros(0, np.int64)
+    start = np.zeros(nnz, bool)
+    start[indptr[:-1][np.diff(indptr) > 0]] = True
+    part = None
+    if col_parts > 1:
+        part = indices // pw
+        start[1:] |= part[1:] != part[:-1]
+    starts = np.flatnonzero(start)
     lengths = np.diff(np.append(starts, nnz))
-    gkey = key[starts]
-    return gkey // col_parts, gkey % col_parts, starts, lengths
+    rows = np.searchsorted(indptr, starts, side="right") - 1
+    ranges = part[starts].astype(np.int64) if part is not None else np.zeros(starts.size, np.int64)
+    return rows, ranges, starts, lengths
+
+
+def group_lengths(csr, col_parts: int) -> np.ndarray:
+    """Entries of every non-empty (row, column range) group (what the buckets hold)."""
+    c = csr if isinstance(csr, Canonical) else canonical_csr(csr)
+    return _groups(c.indptr, c.indices, int(c.shape[1]), _col_parts(col_parts))[3]
+
+
+def auto_col_parts(csr) -> int:
+    """The automatic ``col_parts`` (the rule of :func:`choose_params`)."""
+    c = csr if isinstance(csr, Canonical) else canonical_csr(csr)
+    N = int(c.shape[1])
+    nnz = int(c.indices.size)
+    nonempty = int(np.count_nonzero(np.diff(c.indptr)))
+    mean = nnz / nonempty if nonempty else 0.0
+    p_cache = _pow2_ceil(-(-N * B_ROW_BYTES // B_SLICE_BYTES))
+    p_len = _pow2_floor(mean / ROW_LEN_PER_PART) if mean >= ROW_LEN_PER_PART else 1
+    return max(1, min(p_cache, p_len, MAX_COL_PARTS))
+
+
+def buckets_for(lengths: np.ndarray) -> Tuple[int, ...]:
+    """The automatic buckets for groups of these lengths (the rule of :func:`choose_params`)."""
+    k99 = float(np.quantile(lengths, 0.99)) if lengths.size else 1.0
+    w_max = min(max(_pow2_ceil(np.ceil(k99)), MIN_BUCKET), MAX_BUCKET)
+    return tuple(1 << i for i in range(w_max.bit_length()))
 
 
 def choose_params(csr) -> Tuple[int, Tuple[int, ...]]:
@@ -192,23 +218,13 @@ def choose_params(csr) -> Tuple[int, Tuple[int, ...]]:
       fit a bucket without splitting, the rare longer ones are split into pieces of w_max.
     """
     c = csr if isinstance(csr, Canonical) else canonical_csr(csr)
-    N = int(c.shape[1])
-    nnz = int(c.indices.size)
-    nonempty = int(np.count_nonzero(np.diff(c.indptr)))
-    mean = nnz / nonempty if nonempty else 0.0
-    p_cache = _pow2_ceil(-(-N * B_ROW_BYTES // B_SLICE_BYTES))
-    p_len = _pow2_floor(mean / ROW_LEN_PER_PART) if mean >= ROW_LEN_PER_PART else 1
-    return choose_params_for(c, max(1, min(p_cache, p_len, MAX_COL_PARTS)))
+    return choose_params_for(c, auto_col_parts(c))
 
 
 def choose_params_for(csr, col_parts: int) -> Tuple[int, Tuple[int, ...]]:
     """Automatic buckets for a given ``col_parts`` (the rule of ``choose_params``)."""
-    c = csr if isinstance(csr, Canonical) else canonical_csr(csr)
     p = _col_parts(col_parts)
-    glen = _groups(c.indptr, c.indices, int(c.shape[1]), p)[3]
-    k99 = float(np.quantile(glen, 0.99)) if glen.size else 1.0
-    w_max = min(max(_pow2_ceil(np.ceil(k99)), MIN_BUCKET), MAX_BUCKET)
-    return p, tuple(1 << i for i in range(w_max.bit_length()))
+    return p, buckets_for(group_lengths(csr, p))
 
 
 # ------------------------------------------------------------------ conversion

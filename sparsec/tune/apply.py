@@ -17,6 +17,7 @@ import hashlib
 import os
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -123,17 +124,20 @@ MIN_CASES = 5  # logged (matrix, width) cases of a format the model must have se
 def _own_format(records, op: str, target: str, dtype: str, mine: str) -> List[R.Record]:
     """The ok records of ``op`` on ``target`` in ``dtype`` whose format is the instance's
     own (spec key ``mine``; a record whose spec this sparsec cannot read is passed over)."""
+    return [r for r in records if r.status == "ok" and r.op == op and r.target == target and r.dtype == dtype
+            and _record_spec_key(_spec(r)) == mine]
+
+
+@lru_cache(maxsize=4096)
+def _record_spec_key(spec: str) -> Optional[str]:
+    """The spec key of a record's format (None where this sparsec cannot read the spec):
+    a log repeats a few dozen specs over hundreds of records, each parsed once."""
     from ..formats import make_format
 
-    out = []
-    for r in records:
-        if r.status == "ok" and r.op == op and r.target == target and r.dtype == dtype:
-            try:
-                if _spec_key(make_format(_spec(r)).spec) == mine:
-                    out.append(r)
-            except ValueError:
-                continue
-    return out
+    try:
+        return _spec_key(make_format(spec).spec)
+    except ValueError:
+        return None
 
 
 def _record_knobs(records, feat: int, signature: str) -> Optional[Dict[str, Any]]:

@@ -19,6 +19,7 @@ entries costs a few passes over its entries, not one conversion per candidate.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -225,6 +226,17 @@ class Layout:
     widths: Tuple[int, ...]
 
 
+_SIGNATURE_POOL: Optional[ThreadPoolExecutor] = None
+
+
+def _signature_pool() -> ThreadPoolExecutor:
+    """One worker thread for MatrixContext's signatures, started on first use."""
+    global _SIGNATURE_POOL
+    if _SIGNATURE_POOL is None:
+        _SIGNATURE_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparsec-signature")
+    return _SIGNATURE_POOL
+
+
 class MatrixContext:
     """One matrix, its statistics, and its format layouts computed on demand and cached."""
 
@@ -232,6 +244,9 @@ class MatrixContext:
         # validated once; the statistics, the signature and a Space read the Canonical as it is
         self.canonical: Canonical = canonical_csr(matrix)
         self.csr: sp.csr_matrix = self.canonical.scipy()
+        # the signature hashes on a second core while the statistics sort block rows (blake2b
+        # and scipy's sparsetools release the GIL): a pick reads both, a third of its time
+        self._pending_signature = _signature_pool().submit(matrix_signature, self.canonical)
         self.stats: Dict[str, float] = matrix_stats(self.canonical)
         self._signature: Optional[str] = None
         self._group_cache: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
@@ -243,7 +258,7 @@ class MatrixContext:
         """``signature.matrix_signature`` of the matrix (computed once; tuning records name
         their matrix by it)."""
         if self._signature is None:
-            self._signature = matrix_signature(self.canonical)
+            self._signature = self._pending_signature.result()
         return self._signature
 
     @property

@@ -146,7 +146,7 @@ class Space:
             raise ValueError(f"dtype {dtype}: " + "; ".join(f"{f} packs {TC_FORMATS[f][0]} values" for f in wrong)
                              + f" (tune {'them' if len(wrong) > 1 else 'it'} with that dtype, e.g. "
                              f"--dtype {TC_FORMATS[wrong[0]][0]})")
-        self._longest: Dict[int, int] = {}
+        self._group_lengths: Dict[int, np.ndarray] = {}  # hyb's (row, range) groups per col_parts
         self._blocks: Dict[int, int] = {}  # stored b x b blocks, by b (_block_fill)
         self._outcomes: Dict[str, List[tuple]] = {}  # _schedules, by format spec
         # ``only``: ``transfer.config_key``s -- the schedules of just these configurations (and
@@ -178,7 +178,7 @@ class Space:
         if packed and all(f in TC_FORMATS for f in self.families):
             return self.format_default(packed[0])
         fam = default_format(self.op, self.stats, self.feat)
-        fk = self.hyb_knobs(*hyb_format.choose_params(self._canon)) if fam == "hyb" else {}
+        fk = self.hyb_knobs(*self._auto_hyb()) if fam == "hyb" else {}
         return candidate(self.op, fam, self.feat, self.dtype, fk, self._written({}, self._uses(fam), resolve_all=True))
 
     def format_default(self, spec: str, format_knobs: Optional[dict] = None) -> dict:
@@ -280,7 +280,7 @@ class Space:
 
     def _hyb_formats(self):
         cols = self.stats["cols"]
-        auto_p, auto_b = hyb_format.choose_params(self._canon)
+        auto_p, auto_b = self._auto_hyb()
         parts = sorted({p for p in HYB_COL_PARTS if p == 1 or cols / p >= MIN_RANGE_COLS} | {auto_p})
         for p in HYB_COL_PARTS:
             if p not in parts:
@@ -292,19 +292,28 @@ class Space:
             cap = hyb_format._pow2_ceil(self._longest_group(p))
             widths = sorted({min(w, max(cap, 1)) for w in HYB_MAX_BUCKETS} | ({auto_b[-1]} if p == auto_p else set()))
             if self.size == "small":
-                mid = auto_b[-1] if p == auto_p else hyb_format.choose_params_for(self._canon, p)[1][-1]
+                mid = auto_b[-1] if p == auto_p else hyb_format.buckets_for(self._lengths(p))[-1]
                 widths = [w for w in widths if mid // 2 <= w <= mid * 2]
             for w in widths:
                 yield "hyb", self.hyb_knobs(p, [1 << i for i in range(int(w).bit_length())])
 
+    def _lengths(self, p: int) -> np.ndarray:
+        """hyb's group lengths at ``p`` column ranges, worked out once per Space (the
+        automatic buckets, the longest group and the small space's widths all read them)."""
+        if p not in self._group_lengths:
+            self._group_lengths[p] = hyb_format.group_lengths(self._canon, p)
+        return self._group_lengths[p]
+
+    def _auto_hyb(self):
+        """hyb's automatic (col_parts, buckets), as ``hyb_format.choose_params`` gives them."""
+        p = hyb_format.auto_col_parts(self._canon)
+        return p, hyb_format.buckets_for(self._lengths(p))
+
     def _longest_group(self, p: int) -> int:
-        if p == 1 and p not in self._longest:  # one column range: the groups are the rows
-            self._longest[1] = max(int(self.stats["row_len_max"]), 1)
-        if p not in self._longest:
-            m = self.matrix
-            lengths = hyb_format._groups(m.indptr, m.indices, int(m.shape[1]), p)[3]
-            self._longest[p] = int(lengths.max()) if lengths.size else 1
-        return self._longest[p]
+        if p == 1:  # one column range: the groups are the rows
+            return max(int(self.stats["row_len_max"]), 1)
+        lengths = self._lengths(p)
+        return int(lengths.max()) if lengths.size else 1
 
     def _fill_bound(self, b: int) -> float:
         """An upper bound of ``_block_fill(b)`` from the statistics, without counting: a 2b
