@@ -177,3 +177,21 @@ def test_convert_auto_warns_and_takes_the_rule_when_the_picker_fails(graph, monk
     with pytest.warns(UserWarning, match="format picker 'learned' failed .*model file damaged.*rule-based"):
         inst = convert(graph, "auto", feat=32, target=TARGET)
     assert inst.format_source == "default"
+
+
+def _child_signature(m):
+    from sparsec.tune.features import MatrixContext
+
+    return MatrixContext(m).signature
+
+
+def test_a_forked_child_hashes_signatures_on_its_own_thread(graph):
+    """MatrixContext hashes the signature on a worker thread; a forked child (a tuner's build
+    worker) inherits the pool but not the thread, and must not wait on it forever."""
+    import multiprocessing
+
+    from sparsec.tune.features import MatrixContext
+
+    want = MatrixContext(graph).signature  # the parent's pool and thread exist now
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_child_signature, (graph,)).get(timeout=60) == want

@@ -19,6 +19,7 @@ entries costs a few passes over its entries, not one conversion per candidate.
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -226,15 +227,17 @@ class Layout:
     widths: Tuple[int, ...]
 
 
-_SIGNATURE_POOL: Optional[ThreadPoolExecutor] = None
+_SIGNATURE_POOL: Optional[Tuple[int, ThreadPoolExecutor]] = None  # (the process it serves, the pool)
 
 
 def _signature_pool() -> ThreadPoolExecutor:
-    """One worker thread for MatrixContext's signatures, started on first use."""
+    """One worker thread for MatrixContext's signatures, started on first use in each
+    process (a forked child, such as a tuner's build worker, inherits the pool but not its
+    thread: it gets its own rather than wait on one that is not there)."""
     global _SIGNATURE_POOL
-    if _SIGNATURE_POOL is None:
-        _SIGNATURE_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparsec-signature")
-    return _SIGNATURE_POOL
+    if _SIGNATURE_POOL is None or _SIGNATURE_POOL[0] != os.getpid():
+        _SIGNATURE_POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparsec-signature"))
+    return _SIGNATURE_POOL[1]
 
 
 class MatrixContext:
