@@ -352,9 +352,12 @@ def sums(c: Contraction, part: Partition) -> str:
     entries' columns and values, then X's rows), walked one sum after another: K chains a
     thread, the kernel's latency. With one (:func:`head_plan`), a group of the thread's sums
     is unrolled and every sum whose share of the segment has at most ``head`` entries (RGCN's
-    typical (relation, row) segment: 1-2 entries) is done there, guarded loads in flight
-    together across the group; the longer ones are marked (bit k of lm) and summed after, as
-    before. Each entry is added in the same order either way."""
+    typical (relation, row) segment: 1-2 entries) is done there, its loads in flight together
+    across the group (their addresses clamped into the segment, so no load sits behind a
+    branch; a Select keeps the real entries); the longer ones are marked (bit k of lm) and
+    summed after, as before. Each entry is added in the same order either way. Off by
+    default (HEAD = 0): on an H200 it won on some RGCN layers and lost on others
+    (benchmarks/results/rgcn_fill_H200.json, session22)."""
     _, TS, _ = tile(c)
     K = -(-TS * c.F // THREADS)
     one = _segment_sum(c, part)
