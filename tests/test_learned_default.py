@@ -55,6 +55,28 @@ def test_without_knobs_a_logged_format_gets_the_models_pick_and_the_rule_stays_o
     assert "rows_per_block" in k.knobs and k.source().count("__global__") >= 1
 
 
+def test_a_hyb_instance_meets_the_logs_hyb_records_by_its_column_ranges(graph, monkeypatch, tmp_path):
+    """hyb's buckets follow each matrix, so a converted hyb instance (its own buckets) is
+    matched with the logged hyb records of its col_parts (any buckets): the model ranks their
+    winning schedule knobs on this instance's own bucket layout; a col_parts the log never
+    measured keeps the rule and says so."""
+    from sparsec.tune.space import Space
+
+    _shipped(monkeypatch, tmp_path)
+    inst = convert(graph, "hyb:1:1/2/4/8/16/32/64/128")
+    k = sparsec.compile("spmm", inst, target=TARGET, feat=32)
+    assert k.extra["knobs_source"] == "model"
+    space = Space("spmm", graph, 32, "float32", families=("hyb",), target=TARGET)
+    fk = {"col_parts": 1, "buckets": "1/2/4/8/16/32/64/128"}
+    searched = [c["schedule_knobs"] for c in space.format_candidates("hyb", fk)]
+    assert all(c["format_knobs"] == fk for c in space.format_candidates("hyb", fk))
+    assert {kk: v for kk, v in k.knobs.items() if kk != "feat_tiles"} in [
+        {kk: v for kk, v in c.items() if kk != "feat_tiles"} for c in searched]
+    other = sparsec.compile("spmm", convert(graph, "hyb:2:1/2/4"), target=TARGET, feat=32)
+    assert other.extra["knobs_source"] == ("default: the tuning log has no winning configuration of "
+                                           "hyb:col_parts=2 for spmm, float32 at feat=32")
+
+
 @pytest.mark.parametrize("fmt, target, why", [
     ("bsr:4x4", TARGET, "the tuning log has no winning configuration of bsr:4x4 for spmm, float32 at feat=32"),
     ("csr", "llvm", "no tuning log for spmm on llvm"),

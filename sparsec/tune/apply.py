@@ -63,7 +63,7 @@ def tuned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtype:
     if not logs or feat is None:
         return {}
     sig = matrix_signature(inst.to_scipy())
-    mine = _spec_key(inst.format.spec)
+    mine = _format_key(inst.format.spec)
     records = {path: R.load(path) for path in logs}
     for path in logs:
         knobs = _record_knobs(_own_format(records[path], op, target, dtype, mine), feat, sig)
@@ -94,7 +94,7 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
         return {}, f"default: no tuning log for {op} on {target}"
     if feat is None:
         return {}, "default: no feature width to look up"
-    mine = _spec_key(inst.format.spec)
+    mine = _format_key(inst.format.spec)
     ctx = None
     for path in logs:
         records, model = _log_knowledge(path)
@@ -130,14 +130,25 @@ def _own_format(records, op: str, target: str, dtype: str, mine: str) -> List[R.
 
 @lru_cache(maxsize=4096)
 def _record_spec_key(spec: str) -> Optional[str]:
-    """The spec key of a record's format (None where this sparsec cannot read the spec):
-    a log repeats a few dozen specs over hundreds of records, each parsed once."""
-    from ..formats import make_format
-
+    """:func:`_format_key` of a record's format (None where this sparsec cannot read the
+    spec): a log repeats a few dozen specs over hundreds of records, each parsed once."""
     try:
-        return _spec_key(make_format(spec).spec)
+        return _format_key(spec)
     except ValueError:
         return None
+
+
+def _format_key(spec: str) -> str:
+    """What a format's schedule knobs transfer across: the spec without a composite's part
+    list, and for hyb its column ranges alone (its buckets follow each matrix's row lengths,
+    as ``transfer.config_key`` leaves them free), so a converted hyb instance meets the
+    records of other matrices with its col_parts."""
+    from ..formats import make_format
+
+    fmt = make_format(_spec_key(spec))
+    if fmt.name == "hyb":
+        return f"hyb:col_parts={dict(fmt.params)['col_parts']}"
+    return _spec_key(fmt.spec)
 
 
 def _record_knobs(records, feat: int, signature: str) -> Optional[Dict[str, Any]]:
@@ -186,15 +197,16 @@ def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log:
     family = inst.format.spec.split(":")[0]
     if family not in FAMILIES:
         return None
-    mine = _spec_key(inst.format.spec)
+    mine = _format_key(inst.format.spec)
     ours = [r for r in records if r.op == op and r.target == target]
-    specs = set()
-    for r in ours:
-        try:
-            if r.status == "ok" and not r.format_knobs and _spec_key(make_format(r.format).spec) == mine:
-                specs.add(r.format)
-        except ValueError:
-            continue
+    if family == "hyb":  # records of any buckets with these column ranges; candidates in the instance's own
+        params = dict(make_format(_spec_key(inst.format.spec)).params)
+        knobs = {"col_parts": int(params["col_parts"]), "buckets": "/".join(str(int(b)) for b in params["buckets"])}
+        found = any(r.status == "ok" and r.format == "hyb" and _record_spec_key(_spec(r)) == mine for r in ours)
+        specs = {"hyb": knobs} if found else {}
+    else:
+        specs = {r.format: None for r in ours
+                 if r.status == "ok" and not r.format_knobs and _record_spec_key(r.format) == mine}
     if not specs:
         return None
     keys = winning_keys(ours, op)
@@ -202,7 +214,7 @@ def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log:
     space = Space(op, ctx.matrix, feat, dtype, families=(family,), stats=ctx.stats, target=target)
     pool, seen = [], set()
     for spec in sorted(specs):
-        for i, c in enumerate(space.format_candidates(spec)):
+        for i, c in enumerate(space.format_candidates(spec, specs[spec])):
             if (i == 0 or config_key(c) in keys) and candidate_id(c) not in seen:
                 seen.add(candidate_id(c))
                 pool.append(c)

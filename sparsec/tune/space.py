@@ -187,13 +187,14 @@ class Space:
         return candidate(self.op, spec, self.feat, self.dtype, format_knobs,
                          self._written({}, self._uses(spec), resolve_all=True))
 
-    def format_candidates(self, spec: str) -> List[dict]:
+    def format_candidates(self, spec: str, format_knobs: Optional[dict] = None) -> List[dict]:
         """The schedules this space searches for format ``spec`` (any spec of its families,
-        e.g. ``nm_tc:2:8:v64``), pruned, with the format's untuned kernel first."""
-        out = [self.format_default(spec)]
+        e.g. ``nm_tc:2:8:v64``; or a family with its ``format_knobs``, e.g. "hyb" and
+        {"col_parts": 1, "buckets": "1/2/4"}), pruned, with the format's untuned kernel first."""
+        out = [self.format_default(spec, format_knobs)]
         seen = {candidate_id(out[0])}
         for sk in self._schedules(spec):
-            c = candidate(self.op, spec, self.feat, self.dtype, {}, sk)
+            c = candidate(self.op, spec, self.feat, self.dtype, format_knobs or {}, sk)
             if candidate_id(c) not in seen:
                 seen.add(candidate_id(c))
                 out.append(c)
