@@ -59,8 +59,10 @@ def test_parts_that_add_without_atomics_stay_separate_launches():
 
 
 def test_fixed_width_parts_unroll_their_entries_and_load_vectors():
+    """The template's rule (knobs="default": the learned default may pick narrower loads for
+    this matrix) unrolls each fixed-width part's entries and loads B four floats at a time."""
     A = convert(skewed(), "hyb:1:1/2/4/8/16/32")
-    src = definitions(sparsec.compile("spmm", A, target="cuda", feat=64).source())[1]
+    src = definitions(sparsec.compile("spmm", A, target="cuda", feat=64, knobs="default").source())[1]
     assert "*(float4*)(B_ptr" in src
 
 
