@@ -39,8 +39,8 @@ def variant(name: str):
     "fused_bN" also bounds it to N resident blocks per SM (``FUSED_MIN_BLOCKS``). A suffix
     after "@" sets segment_contract's constants: hH the head pass's entries (``HEAD``; h0:
     none), gG its group (``HEAD_GROUP``), pP segments per thread (``PER_THREAD``), cC threads
-    over g (``COL_THREADS``), r0 / r1 runs walked or found by ballots (``BALLOT_RUNS``), e.g.
-    "separate@h2g4" or "fused@h0p8c16r1"."""
+    over g (``COL_THREADS``), e.g.
+    "separate@h2g4" or "fused@h0p8c16"."""
     from sparsec.lower import fuse_fill
     from sparsec.schedules import segment_contract
 
@@ -48,10 +48,10 @@ def variant(name: str):
     bound = build[len("fused_b"):] if build.startswith("fused_b") else None
     if build not in ("separate", "fused") and not (bound or "").isdigit():
         raise ValueError(f"variant should be separate, fused or fused_bN (N blocks per SM), got {name!r}")
-    knobs = {"h": "HEAD", "g": "HEAD_GROUP", "p": "PER_THREAD", "c": "COL_THREADS", "r": "BALLOT_RUNS"}
-    given = re.findall(r"([hgpcr])(\d+)", head)
+    knobs = {"h": "HEAD", "g": "HEAD_GROUP", "p": "PER_THREAD", "c": "COL_THREADS"}
+    given = re.findall(r"([hgpc])(\d+)", head)
     if "".join(k + v for k, v in given) != head:
-        raise ValueError(f"variant suffix should be letters h, g, p, c, r each with a number (e.g. @h2g4p8c16r1), got {name!r}")
+        raise ValueError(f"variant suffix should be letters h, g, p, c each with a number (e.g. @h2g4p8c16), got {name!r}")
     saved = {n: getattr(segment_contract, n) for n in ("FUSED_MIN_BLOCKS", *knobs.values())}
     saved_enabled = fuse_fill.ENABLED
     fuse_fill.ENABLED = build != "separate"

@@ -68,7 +68,6 @@ SPLITS, DEFAULT_SPLITS, CHUNK, STEP = 16, 8, 32, 4
 # The head pass (:func:`sums`): a segment whose share holds at most HEAD entries is summed in
 # groups of HEAD_GROUP of a thread's sums, their loads in flight together; 0 turns it off
 HEAD, HEAD_GROUP = 0, 4
-BALLOT_RUNS = True  # runs of one Q slice found by warp ballots (:func:`runs`)
 BALANCED = 8  # a heaviest group within this many times the mean group is not split at all
 # The product's f loop is unrolled up to this F where a thread has BG > 1 columns: with f
 # constant, a thread's Z row and its BG adjacent W columns are consecutive words that nvcc
@@ -233,7 +232,7 @@ def _adds_into_rows(c: Contraction, rows: Expr) -> bool:
 
 
 _LOCALS = ("bs", "sp", "cnt", "kc", "base", "u", "v", "sc", "sg", "rs", "Zs", "Ws", "acc", "tmp", "z", "ns", "rv", "rw", "p0", "bx", "tid", "ch", "k", "e", "p", "f", "g", "q",
-           "t", "t0", "a", "b", "back", "sgt", "sgq", "lp", "sk", "sf", "ck", "fv", "gl", "st", "sq", "gn", "tr", "fi",
+           "t", "t0", "a", "b", "sgt", "sgq", "lp", "sk", "sf", "ck", "fv", "gl", "st", "sq", "gn", "tr", "fi",
            "fr", "fg", "ga", "gs", "ng", "kg", "kk", "lm", "held", "hp", "hc", "hw", "rm", "ml", "wi", "ln", "wv")
 _LOCAL_RE = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 PREFIX = "l__"  # the kernel's own names: "l_" is reserved for sparsec's loops, so no buffer clashes
@@ -415,40 +414,14 @@ def runs(c: Contraction) -> str:
     """Kernel text, per chunk: rs[t] = the first segment of segment t's run (consecutive
     segments of one Q slice; -2 past the chunk's segments), then a loop that reaches the body
     after it once per run, t0 = the run's first segment, every thread alike (the body holds
-    barriers). With BALLOT_RUNS the runs' first segments are bits of warp ballots (rm, one
-    word per 32 segments): each thread finds its run's start from the words (count leading
-    zeros), and the loop visits only the set bits (find first set); otherwise a thread walks
-    back segment by segment to its run's start and the loop visits every segment of the
-    chunk, doing the body where one starts (Nsight Compute, mdual 64x64 on an H200: a quarter
-    of the kernel's stall samples waited at the barrier after that walk, and a fifth of its
-    instructions were the visits)."""
+    barriers). The runs' first segments are bits of warp ballots (rm, one word per 32
+    segments): each thread finds its run's start from the words (count leading zeros), and
+    the loop visits only the set bits (find first set). The walk this replaced (each thread
+    stepping back segment by segment, the loop visiting every segment of the chunk) held a
+    quarter of the kernel's stall samples at its barrier and a fifth of its instructions
+    (Nsight Compute, mdual 64x64 on an H200; 1.2-1.7x slower per RGCN layer:
+    benchmarks/results/rgcn_fill_H200.json, session22)."""
     _, TS, _ = tile(c)
-    if not BALLOT_RUNS:
-        return f"""if tid < {TS}:
-    t: T.int32 = tid
-    rs[t] = -2
-    if ch * {TS} + t < ns[0]:
-        rs[t] = T.if_then_else(t == 0, 0, -1)
-        if t > 0:
-            sgt: T.int32 = sg[ch * {TS} + t]
-            sgq: T.int32 = sg[ch * {TS} + t - 1]
-            if {{key_change}}:
-                rs[t] = t
-T.tvm_storage_sync("shared")
-if tid < {TS}:
-    tmp[0] = rs[tid]
-    for back in range({TS}):
-        if tmp[0] == -1:
-            rv[0] = rs[T.max(tid - back - 1, 0)]
-            if rv[0] != -1:
-                tmp[0] = rv[0]
-T.tvm_storage_sync("shared")
-if tid < {TS}:
-    rs[tid] = tmp[0]
-T.tvm_storage_sync("shared")
-for t0 in range({TS}):
-    rv[0] = rs[t0]
-    if rv[0] == t0:"""
     span = min(TS, THREADS)
     words = -(-span // 32)
     return f"""if tid < {words * 32}:

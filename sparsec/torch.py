@@ -211,7 +211,7 @@ class SparseTensor:
 
     ``fmt="auto"`` takes the tuning logs' pick for SpMM at width ``feat`` on ``device``'s
     target (the best record for this matrix, else the cost model's, with the format's knobs;
-    ``sparsec.tune.apply.tuned_config``), else sparsec's rule-based default format (CSR on
+    ``sparsec.formats.convert(m, "auto")``), else sparsec's rule-based default format (CSR on
     meshes, hyb where rows are skewed: ``sparsec.formats.choose``); ``format_source`` says
     which. Where the format allows
     it (:func:`transpose_spec`; ``grad=True`` insists, ``False`` skips it) A's transpose is

@@ -153,15 +153,12 @@ def test_narrow_outputs_keep_their_one_chunk(fout):
 
 def test_runs_are_found_by_ballots_and_visited_once_each():
     """The runs of one W slice within a chunk: a ballot of the run starts per 32 segments, each
-    segment's start by counting leading zeros, and a loop over the set bits (find first set)
-    instead of a walk back and a visit of every segment; the walk stays behind BALLOT_RUNS."""
+    segment's start by counting leading zeros, and a loop over the set bits (find first set),
+    not a walk back and a visit of every segment; at G = 8 a chunk's 128 segments take four
+    ballot words."""
     inst = convert(stack_rows(_graph(), np.arange(_graph().nnz) % 4, 4).astype(np.float32), "csr")
-    src = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=16).source()
-    assert "__ballot_sync" in src and "__clz" in src and "__ffs" in src and "l__back" not in src
-    saved = segment_contract.BALLOT_RUNS
-    segment_contract.BALLOT_RUNS = False
-    try:
-        walked = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=8).source()
-    finally:
-        segment_contract.BALLOT_RUNS = saved
-    assert "l__back" in walked and "__ballot_sync" not in walked
+    for fout, words in ((16, 2), (8, 4)):
+        k = sparsec.compile(ops.rgcn(), inst, target="cuda:sm_90a", rel=4, fin=64, fout=fout)
+        src = k.source()
+        assert "__ballot_sync" in src and "__clz" in src and "__ffs" in src
+        assert f'l__rm = T.alloc_shared(({words},), "uint32")' in k.script

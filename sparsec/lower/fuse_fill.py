@@ -14,8 +14,9 @@ The workspace's counts say which call a launch is, so calls on one matrix must r
 another: two launches of such a kernel on one matrix instance on different streams at once
 would mix their counts. A block that waits for a fill longer than
 ``segment_contract.SPIN_LIMIT`` polls stops the launch with ``__trap`` (a CUDA error that
-ends the process's CUDA context) rather than hang or add into an unfilled row. ``SPARSEC_FUSE_FILL=0`` (or ``ENABLED = False``
-before compiling) keeps the fill a launch of its own.
+ends the process's CUDA context) rather than hang or add into an unfilled row.
+``SPARSEC_FUSE_FILL=0`` (or ``ENABLED = False`` before compiling) keeps the fill a launch of
+its own.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ from .flatten import BufferDecl, FlatProgram
 
 SYNC_LEN = "n_sync"  # the workspace's length, bound from the array
 
-# On by default since the contraction found its runs by warp ballots (segment_contract.
-# BALLOT_RUNS). Measured on an H200 (benchmarks/results/rgcn_fill_H200.json, key
+# On by default since the contraction finds its runs by warp ballots (segment_contract.
+# runs). Measured on an H200 (benchmarks/results/rgcn_fill_H200.json, key
 # "session22"; rgcn_bias R = 16 + root, bias in the fill), fused / two launches per layer:
 # mdual 64x64 1.01, 64x16 1.02, R-MAT s18 64x64 1.03, 64x16 0.85; RGCN's forward pass in one
 # launch per layer ran at 3.96x (mdual) and 3.75x (R-MAT s18) the fastest peer

@@ -123,7 +123,8 @@ MIN_CASES = 5  # logged (matrix, width) cases of a format the model must have se
 
 def _own_format(records, op: str, target: str, dtype: str, mine: str) -> List[R.Record]:
     """The ok records of ``op`` on ``target`` in ``dtype`` whose format is the instance's
-    own (spec key ``mine``; a record whose spec this sparsec cannot read is passed over)."""
+    own by :func:`_format_key` (``mine``: hyb by its column ranges, whatever its buckets; a
+    record whose spec this sparsec cannot read is passed over)."""
     return [r for r in records if r.status == "ok" and r.op == op and r.target == target and r.dtype == dtype
             and _record_spec_key(_spec(r)) == mine]
 
@@ -201,9 +202,9 @@ def model_schedule_knobs(op: str, inst, feat: int, target: str, dtype: str, log:
     ours = [r for r in records if r.op == op and r.target == target]
     if family == "hyb":  # records of any buckets with these column ranges; candidates in the instance's own
         params = dict(make_format(_spec_key(inst.format.spec)).params)
-        knobs = {"col_parts": int(params["col_parts"]), "buckets": "/".join(str(int(b)) for b in params["buckets"])}
+        own = {"col_parts": int(params["col_parts"]), "buckets": "/".join(str(int(b)) for b in params["buckets"])}
         found = any(r.status == "ok" and r.format == "hyb" and _record_spec_key(_spec(r)) == mine for r in ours)
-        specs = {"hyb": knobs} if found else {}
+        specs = {"hyb": own} if found else {}
     else:
         specs = {r.format: None for r in ours
                  if r.status == "ok" and not r.format_knobs and _record_spec_key(r.format) == mine}
