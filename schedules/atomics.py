@@ -31,13 +31,15 @@ native atomicMax/Min.
 """
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-from tvm.ir import TensorLoad
-from tvm_ffi import structural_equal
-
 from sparsec.ir_attrs import ATOMIC_ATTR
 
 from .tir_rewrite import map_blocks, map_stores, stores, with_fields
+from ..lazy_module import lazy
+
+s_tir = lazy("tvm.s_tir")
+tirx = lazy("tvm.tirx")
+tvm_ir = lazy("tvm.ir")
+tvm_ffi = lazy("tvm_ffi")
 
 # output dtypes with an atomic max/min here (CUDA has no 16-bit atomicMax)
 ATOMIC_MINMAX_DTYPES = ("float32", "float64", "int32")
@@ -119,7 +121,7 @@ def _atomic(store: tirx.BufferStore, kinds):
         kind, value = c
     else:  # a write-back of a register accumulator: the kind of the update that filled it
         value = store.value
-        src = value.source if isinstance(value, TensorLoad) else None
+        src = value.source if isinstance(value, tvm_ir.TensorLoad) else None
         kind = next((k for b, k in kinds if src is not None and b.same_as(src)), "sum")
     if kind == "sum":
         target = tirx.BufferLoad(store.buffer, store.indices)
@@ -157,6 +159,6 @@ def _atomic_float_minmax(store: tirx.BufferStore, kind: str, value):
 
 
 def _is_same_load(e, store) -> bool:
-    return (isinstance(e, TensorLoad) and e.source.same_as(store.buffer)
+    return (isinstance(e, tvm_ir.TensorLoad) and e.source.same_as(store.buffer)
             and len(e.indices) == len(store.indices)
-            and all(structural_equal(a, b) for a, b in zip(e.indices, store.indices)))
+            and all(tvm_ffi.structural_equal(a, b) for a, b in zip(e.indices, store.indices)))

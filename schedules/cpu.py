@@ -1,10 +1,11 @@
 """Default CPU (llvm) schedule: rows in parallel, reductions initialised outside their loops."""
 from __future__ import annotations
 
-from tvm import s_tir
-
 from .knobs import Knob, check_applicable, group, transformation
 from .loops import first_reduce_loop, has_dynamic_reduction, inner_block, root_block
+from ..lazy_module import lazy
+
+s_tir = lazy("tvm.s_tir")
 
 DISTINCT_ROWS, SHARED_ROWS = "distinct_rows", "shared_rows"  # parallel_rows' shapes
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 import numpy as np
-import tvm
-from tvm import s_tir
 
 from .atomics import atomic_writeback, mark_atomic
 from .epilogue import fuse_epilogues
@@ -26,6 +24,10 @@ from .fusion import fuse_parts
 from .cuda_sddmm import is_fused, lane_groups
 from .knobs import Knob, Transformation, check_applicable, group, transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
+from ..lazy_module import lazy
+
+tvm = lazy("tvm")
+s_tir = lazy("tvm.s_tir")
 
 MAX_THREADS = 1024
 AUTO_THREADS = 128

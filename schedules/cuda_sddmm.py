@@ -22,16 +22,17 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-import tvm
-import tvm_ffi
-from tvm import s_tir, tirx
-from tvm.s_tir import SBlock, SBlockRealize
-from tvm.ir import expr as ie
-from tvm.ir.prim import expr as pe
-from tvm.tirx import expr as te
-
 from .knobs import Knob, transformation
 from .loops import inner_block, root_block
+from ..lazy_module import lazy
+
+tvm = lazy("tvm")
+tvm_ffi = lazy("tvm_ffi")
+s_tir = lazy("tvm.s_tir")
+tirx = lazy("tvm.tirx")
+ie = lazy("tvm.ir.expr")
+pe = lazy("tvm.ir.prim.expr")
+te = lazy("tvm.tirx.expr")
 
 WARP = 32
 MAX_THREADS = 1024
@@ -95,7 +96,7 @@ def _relooped(loops, body):
 
 def _find_block(stmt, name):
     """The SBlockRealize named ``name`` under ``stmt`` (loops, sequences, realizes), or None."""
-    if isinstance(stmt, SBlockRealize):
+    if isinstance(stmt, s_tir.SBlockRealize):
         return stmt if stmt.block.name_hint == name else _find_block(stmt.block.body, name)
     if isinstance(stmt, tirx.For):
         return _find_block(stmt.body, name)
@@ -106,7 +107,7 @@ def _find_block(stmt, name):
 
 def _replace_block(stmt, name, new):
     """``stmt`` with the realize of the block named ``name`` replaced by ``new``."""
-    if isinstance(stmt, SBlockRealize):
+    if isinstance(stmt, s_tir.SBlockRealize):
         return new if stmt.block.name_hint == name else stmt
     if isinstance(stmt, tirx.For):
         return _relooped([stmt], _replace_block(stmt.body, name, new))
@@ -117,10 +118,10 @@ def _replace_block(stmt, name, new):
 
 def _guard_blocks(stmt, skip, pred):
     """``stmt`` with every block realize but ``skip`` also predicated on ``pred``."""
-    if isinstance(stmt, SBlockRealize):
+    if isinstance(stmt, s_tir.SBlockRealize):
         if stmt.block.name_hint == skip:
             return stmt
-        return SBlockRealize(stmt.iter_values, tirx.all(pred, stmt.predicate), stmt.block)  # pred first: && short-circuits
+        return s_tir.SBlockRealize(stmt.iter_values, tirx.all(pred, stmt.predicate), stmt.block)  # pred first: && short-circuits
     if isinstance(stmt, tirx.For):
         return _relooped([stmt], _guard_blocks(stmt.body, skip, pred))
     if isinstance(stmt, tirx.SeqStmt):
@@ -137,7 +138,7 @@ def _loop_vars(stmt):
         return [stmt.loop_var] + _loop_vars(stmt.body)
     if isinstance(stmt, tirx.SeqStmt):
         return [v for x in stmt.seq for v in _loop_vars(x)]
-    if isinstance(stmt, SBlockRealize):
+    if isinstance(stmt, s_tir.SBlockRealize):
         return _loop_vars(stmt.block.body)
     return []
 
@@ -174,11 +175,11 @@ def _eq(a, b) -> bool:
 def _epilogue(stmt, outer, dot_realize):
     """(outer realize, inner realize, {var: replacement}) when the pristine nest ``stmt`` rewrites
     the dot's output element-wise in place over the same rows and entries, else None."""
-    if not isinstance(stmt, tirx.For) or not isinstance(stmt.body, SBlockRealize):
+    if not isinstance(stmt, tirx.For) or not isinstance(stmt.body, s_tir.SBlockRealize):
         return None
     e_outer = stmt.body
     loops, e_inner = _chain(e_outer.block.body)
-    if not isinstance(e_inner, SBlockRealize) or not isinstance(e_inner.block.body, tirx.BufferStore):
+    if not isinstance(e_inner, s_tir.SBlockRealize) or not isinstance(e_inner.block.body, tirx.BufferStore):
         return None
     blk, dot = e_inner.block, dot_realize.block
     spatial = [iv for iv in dot.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
@@ -252,11 +253,11 @@ def fuse_scale_epilogue(sch: s_tir.Schedule, nest) -> bool:
     acc0 = te.BufferLoad(acc, [tirx.IntImm("int32", 0)])
     zero = [tirx.IntImm("int32", 0)]
     # the reduction into the register
-    red_blk = SBlock(blk.iter_vars, blk.reads, [tirx.BufferRegion(acc, [tvm.ir.Range(0, 1)])], blk.name_hint,
+    red_blk = s_tir.SBlock(blk.iter_vars, blk.reads, [tirx.BufferRegion(acc, [tvm.ir.Range(0, 1)])], blk.name_hint,
                      tirx.BufferStore(acc, _rewrite(store.value, {}, out, acc0), zero),
                      tirx.BufferStore(acc, _rewrite(blk.init.value, {}, out, acc0), zero),
                      blk.alloc_buffers, blk.match_buffers, blk.annotations)
-    reduction = _replace_block(rest, nest.name, SBlockRealize(dot_realize.iter_values, dot_realize.predicate,
+    reduction = _replace_block(rest, nest.name, s_tir.SBlockRealize(dot_realize.iter_values, dot_realize.predicate,
                                                               red_blk))
     # cache reads under the reduction loops load only for entries that exist (a split's tail
     # would otherwise read column indices past the row, and past the array at the last row)
@@ -268,7 +269,7 @@ def fuse_scale_epilogue(sch: s_tir.Schedule, nest) -> bool:
     e_blk = e_inner.block
     o_iv = e_outer.block.iter_vars
     e_store = e_blk.body
-    scale = SBlock(list(o_iv) + list(e_blk.iter_vars),
+    scale = s_tir.SBlock(list(o_iv) + list(e_blk.iter_vars),
                    # acc is left out of the reads: TVM's region-cover check does not see that the
                    # predicated reduction covers it, though both blocks share the predicate
                    [r for r in e_blk.reads if not r.source.same_as(out)], list(e_blk.writes), e_blk.name_hint,
@@ -276,17 +277,17 @@ def fuse_scale_epilogue(sch: s_tir.Schedule, nest) -> bool:
                    None, e_blk.alloc_buffers, e_blk.match_buffers, {**e_blk.annotations, FUSED: nest.name})
     spatial_values = [v for iv, v in zip(blk.iter_vars, dot_realize.iter_values) if iv.iter_type == tirx.IterVar.DataPar]
     pred = tirx.all(*entry_pred, _rewrite(e_inner.predicate, loop_map))
-    scale_realize = SBlockRealize([iv.var for iv in outer.block.iter_vars] + spatial_values, pred, scale)
+    scale_realize = s_tir.SBlockRealize([iv.var for iv in outer.block.iter_vars] + spatial_values, pred, scale)
     body = _relooped(loops, tirx.SeqStmt([reduction, scale_realize]))
     ob = outer.block
     vmap = {a.var: b.var for a, b in zip(o_iv, ob.iter_vars)}
     extra = [_region(r, vmap) for r in e_outer.block.reads
              if not r.source.same_as(out) and not any(x.source.same_as(r.source) for x in ob.reads)]
-    new_outer = SBlock(ob.iter_vars, list(ob.reads) + extra, ob.writes, ob.name_hint, body, ob.init,
+    new_outer = s_tir.SBlock(ob.iter_vars, list(ob.reads) + extra, ob.writes, ob.name_hint, body, ob.init,
                        list(ob.alloc_buffers) + [acc], ob.match_buffers, ob.annotations)
-    fused = _replace_block(stmts[d], ob.name_hint, SBlockRealize(outer.iter_values, outer.predicate, new_outer))
+    fused = _replace_block(stmts[d], ob.name_hint, s_tir.SBlockRealize(outer.iter_values, outer.predicate, new_outer))
     new = [fused if n == d else st for n, st in enumerate(stmts) if st is not None and n != e]
-    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
                       new[0] if len(new) == 1 else tirx.SeqStmt(new), root.init, root.alloc_buffers,
                       root.match_buffers, root.annotations)
     sch.state.replace(sch.get_sref(root_rv), new_root, {root: new_root})

@@ -31,15 +31,17 @@ from typing import List, Optional
 
 import numpy as np
 
-import tvm
-from tvm import s_tir, tirx
-from tvm.ir import TensorLoad
-from tvm.ir import expr as ie
-from tvm.ir.prim import expr as pe
-from tvm_ffi import structural_equal
-
 from .cuda_sddmm import _rewrite
 from .tir_rewrite import map_blocks, with_fields
+from ..lazy_module import lazy
+
+tvm = lazy("tvm")
+s_tir = lazy("tvm.s_tir")
+tirx = lazy("tvm.tirx")
+tvm_ir = lazy("tvm.ir")
+ie = lazy("tvm.ir.expr")
+pe = lazy("tvm.ir.prim.expr")
+tvm_ffi = lazy("tvm_ffi")
 
 FUSED_EPILOGUE = "sparsec.epilogue"  # annotation of a store block that now applies an epilogue
 
@@ -198,7 +200,7 @@ def _walk(e):
     while todo:
         x = todo.pop()
         found.append(x)
-        if isinstance(x, TensorLoad):
+        if isinstance(x, tvm_ir.TensorLoad):
             todo.extend(x.indices)
         elif isinstance(x, (pe.BinaryOpExpr, pe.CmpExpr, pe.And, pe.Or)):
             todo.extend([x.a, x.b])
@@ -214,7 +216,7 @@ def _walk(e):
 
 
 def _loads(e):
-    return [x for x in _walk(e) if isinstance(x, TensorLoad)]
+    return [x for x in _walk(e) if isinstance(x, tvm_ir.TensorLoad)]
 
 
 def _vars(e):
@@ -231,7 +233,7 @@ def _point(load) -> tirx.BufferRegion:
 
 def _reads_region(regions, load) -> bool:
     return any(r.source.same_as(load.source) and all(
-        bool(structural_equal(rg.min, i)) and isinstance(rg.extent, pe.IntImm) and rg.extent.value == 1
+        bool(tvm_ffi.structural_equal(rg.min, i)) and isinstance(rg.extent, pe.IntImm) and rg.extent.value == 1
         for rg, i in zip(r.region, load.indices)) for r in regions)
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import List
 
-from tvm import s_tir, tirx
-
 from .tir_rewrite import with_fields
+from ..lazy_module import lazy
+
+s_tir = lazy("tvm.s_tir")
+tirx = lazy("tvm.tirx")
 
 
 def _fusable_key(nest):

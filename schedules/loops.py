@@ -1,8 +1,10 @@
 """Finding a lowered loop nest's blocks and loops by role (names come from the emitter)."""
 from __future__ import annotations
+from ..lazy_module import lazy
+
+s_tir = lazy("tvm.s_tir")
 
 
-from tvm import s_tir
 
 
 def inner_block(sch: s_tir.Schedule, nest):

@@ -43,13 +43,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from tvm import s_tir
-from tvm.script import tirx as T
-
 from . import mma_intrin
 from .knobs import ANY, Knob, check_applicable, transformation
 from .tensorcore_epilogue import Epilogue, epilogue_of
 from .tensorcore_heads import Operands, head_axis
+from ..lazy_module import lazy
+
+s_tir = lazy("tvm.s_tir")
+T = lazy("tvm.script.tirx")
 
 DTYPES = ("float16", "bfloat16")
 WARP = 32

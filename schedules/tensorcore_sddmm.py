@@ -38,11 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from tvm import s_tir, tirx
-from tvm.script import tirx as T
-
 from . import mma_intrin, tensorcore
 from .knobs import ANY, Knob, check_applicable, transformation
+from ..lazy_module import lazy
+
+s_tir = lazy("tvm.s_tir")
+tirx = lazy("tvm.tirx")
+T = lazy("tvm.script.tirx")
 
 DTYPES = tensorcore.DTYPES
 BLOCKS = (16, 32, 64)

@@ -6,8 +6,11 @@ scheduled sparsec nest contains and rebuilds the path down to each block it chan
 from __future__ import annotations
 
 from typing import Callable, Optional
+from ..lazy_module import lazy
 
-from tvm import s_tir, tirx
+s_tir = lazy("tvm.s_tir")
+tirx = lazy("tvm.tirx")
+
 
 
 def map_blocks(stmt, fn: Callable[[s_tir.SBlock], Optional[s_tir.SBlock]]):

@@ -11,7 +11,9 @@ import os
 import re
 from dataclasses import dataclass
 
-import tvm
+from .lazy_module import lazy
+
+tvm = lazy("tvm")  # naming a target does not import TVM; building one or asking for a device does
 
 DEFAULT_CUDA_ARCH = "sm_90a"
 

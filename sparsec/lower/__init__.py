@@ -15,14 +15,15 @@ a stage is re-raised as ``LoweringError("stage <name>: ...")`` with the original
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple, Union
-
-import tvm
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 from ..dsl import Operator
 from ..formats import CompositeFormat, Format
 from .flatten import FlatProgram
 from .pipeline import STAGES, LowerContext, LoweringError, LoweringTypeError, run_stages
+
+if TYPE_CHECKING:  # the annotations' PrimFunc; TVM itself is imported by the stage that builds TIR
+    import tvm
 
 __all__ = ["STAGES", "LowerContext", "LoweringError", "LoweringTypeError", "lower", "lower_flat", "lower_program", "run_stages"]
 

@@ -11,8 +11,6 @@ import pprint
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-import tvm
-
 from sparsec.schedules import segment_contract
 
 from ..dsl import Operator
@@ -24,6 +22,9 @@ from .flatten import FlatProgram, flatten
 from .fold_epilogue import fold_epilogues
 from . import fuse_fill
 from .positions import PositionProgram, lower_positions
+from ..lazy_module import lazy
+
+tvm = lazy("tvm")  # imported when a stage builds TIR: lowering to flat buffers needs none of it
 
 TVM_ERROR_LINES = 12  # lines of a TVM parse error kept in the message (it quotes the offending line)
 
@@ -125,7 +126,7 @@ STAGES: Dict[str, Callable[[Any, LowerContext], Any]] = {
 }
 # the IR each stage produces: what ``start_from=(stage, ir)`` must be given
 STAGE_OUTPUT = {"bind": BoundOperator, "positions": PositionProgram, "flat": FlatProgram, "script": str,
-                "tir": tvm.tirx.PrimFunc}
+                "tir": "PrimFunc"}  # tvm.tirx's, looked up when asked for (TVM is imported on first use)
 
 
 def run_stages(ctx: LowerContext, start_from: Optional[Tuple[str, Any]] = None,
@@ -180,6 +181,7 @@ def _check_start(start_from) -> Tuple[str, Any]:
     stage, ir = start_from
     _check_stage(stage, "start_from's stage")
     want = STAGE_OUTPUT[stage]
+    want = tvm.tirx.PrimFunc if want == "PrimFunc" else want
     if not isinstance(ir, want):
         raise TypeError(f"start_from=({stage!r}, ir): ir should be a {want.__name__} (what stage {stage} "
                         f"produces), got {type(ir).__name__}")

@@ -8,8 +8,10 @@ so that matrices of different sizes share one scale. The data are small (thousan
 measurements), so ``fit`` retrains from scratch each time, deterministically (fixed seed
 and threads): a search that replays the same measurements makes the same choices.
 
-``xgboost`` is imported only when a model is fitted, predicted with or loaded, so importing
-this module costs nothing extra; it comes with ``pip install 'sparsec[tune]'``.
+``xgboost`` is imported only when a model is fitted or predicted with after a fit, so
+importing this module costs nothing extra; it comes with ``pip install 'sparsec[tune]'``. A
+model loaded from a file (the shipped one) predicts through ``trees.TreeEnsemble``, numpy
+over the saved trees, and never imports it.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .features import FEATURE_NAMES, MatrixContext, feature_matrix, stored_row
+from .trees import TreeEnsemble
 
 MODEL_FORMAT = "sparsec-cost-model"
 MODEL_VERSION = 1
@@ -75,6 +78,8 @@ class CostModel:
         self.params: Dict[str, Any] = {**PARAMS, **(params or {})}
         self.num_rounds = int(num_rounds)
         self._booster = None
+        self._trees: Optional[TreeEnsemble] = None  # a loaded model's trees (numpy), its JSON in _saved
+        self._saved: Optional[str] = None
         self._n_samples = 0
         # what the model was fitted on, saved with it (sparsec.tune.apply: the log's digest and
         # the records a pick needs, so a fresh model answers without reading the log)
@@ -82,7 +87,7 @@ class CostModel:
 
     @property
     def trained(self) -> bool:
-        return self._booster is not None
+        return self._booster is not None or self._trees is not None
 
     @property
     def n_samples(self) -> int:
@@ -111,6 +116,7 @@ class CostModel:
         if not np.all(np.isfinite(y)):
             raise ValueError("y (log throughput) should be finite, got NaN or infinity")
         self._n_samples = int(y.size)
+        self._trees = self._saved = None
         if y.size < MIN_SAMPLES:
             self._booster = None
             return self
@@ -131,6 +137,8 @@ class CostModel:
             raise ValueError(f"X should have {len(FEATURE_NAMES)} columns (FEATURE_NAMES), got shape {X.shape}")
         if not self.trained or not len(X):
             return np.zeros(len(X), dtype=np.float64)
+        if self._booster is None:
+            return self._trees.predict(X)
         xgb = _xgboost()
         d = xgb.DMatrix(X, feature_names=list(FEATURE_NAMES), missing=np.nan, nthread=self.params["nthread"])
         return self._booster.predict(d).astype(np.float64)
@@ -139,7 +147,7 @@ class CostModel:
         """One JSON file: the booster (XGBoost's JSON model, as a string), the feature names
         it was trained on and a format version. Written to a temporary file and renamed,
         so a reader never sees half a model."""
-        booster = None if self._booster is None else self._booster.save_raw("json").decode("utf-8")
+        booster = self._saved if self._booster is None else self._booster.save_raw("json").decode("utf-8")
         doc = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "feature_names": list(FEATURE_NAMES),
                "params": self.params, "num_rounds": self.num_rounds, "n_samples": self._n_samples,
                "booster": booster, "meta": self.meta}
@@ -176,13 +184,14 @@ class CostModel:
         model._n_samples = int(doc.get("n_samples", 0))
         model.meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
         if doc.get("booster") is not None:
-            xgb = _xgboost()
-            booster = xgb.Booster()
-            booster.load_model(bytearray(doc["booster"].encode("utf-8")))
-            if booster.feature_names is not None and list(booster.feature_names) != list(FEATURE_NAMES):
+            try:
+                trees = TreeEnsemble.from_json(doc["booster"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{os.fspath(path)}: the booster cannot be read ({e}); retrain the model") from None
+            if trees.feature_names is not None and list(trees.feature_names) != list(FEATURE_NAMES):
                 raise ValueError(f"{os.fspath(path)}: the booster's feature names differ from FEATURE_NAMES "
-                                 f"({_first_difference(booster.feature_names)}); retrain the model")
-            model._booster = booster
+                                 f"({_first_difference(trees.feature_names)}); retrain the model")
+            model._trees, model._saved = trees, doc["booster"]
         return model
 
 
