@@ -5,7 +5,7 @@ dense cuBLAS fp16 (CUDA-graph medians, each kernel checked against float64 on it
 call). For choosing defaults, not a result to quote on its own.
 
     python3 benchmarks/sweep_bsr_stream.py --cases random-4096x4096-b16-s70 ... [--feats 16 64]
-        [--warps 16 8 4] [--clusters 8 4] [--stages 4 6 8]
+        [--warps 16 8 4] [--clusters 8 4] [--stages 4 6 8] [--bks 8 16]
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--warps", type=int, nargs="+", default=[16, 8, 4])
     ap.add_argument("--clusters", type=int, nargs="+", default=[8, 4])
     ap.add_argument("--stages", type=int, nargs="+", default=[4, 6, 8])
+    ap.add_argument("--bks", type=int, nargs="*", default=[],
+                    help="block columns of B resident at once (default: the fewest phases that fit)")
     args = ap.parse_args()
     timed = make_timed("cuda")
     rows, all_ok = [], True
@@ -45,8 +47,10 @@ def main() -> int:
             rec = {"case": name, "feat": feat, "runs": []}
             default = bsr_stream.default_knobs((b, b), feat, *dense.shape, density)
             sets = [default] + [bsr_stream.default_knobs((b, b), feat, *dense.shape, density,
-                                                         fixed={"warps": w, "cluster": c, "stages": s})
-                                for w, c, s in itertools.product(args.warps, args.clusters, args.stages)]
+                                                         fixed={"warps": w, "cluster": c, "stages": s,
+                                                                **({"bk": k} if k else {})})
+                                for w, c, s, k in itertools.product(args.warps, args.clusters, args.stages,
+                                                                    args.bks or [None])]
             seen = []
             for knobs in sets:
                 if knobs in seen or not bsr_stream._fits((b, b), feat, knobs):
@@ -55,7 +59,10 @@ def main() -> int:
                 k = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=knobs)
                 ok, err, ms, B = check_and_time(k, A, dense, feat, timed, torch)
                 all_ok &= ok
-                rec["runs"].append({"knobs": knobs, "ms": ms, "ok": ok, "default": knobs == default})
+                rec["runs"].append({"knobs": knobs, "ms": ms, "ok": ok, "default": knobs == default,
+                                    "ctas_per_sm": bsr_stream.plan((b, b), feat, **knobs).ctas_per_sm,
+                                    "estimate_ns": bsr_stream.estimate_ns((b, b), feat, knobs, *dense.shape, density)})
+                print(f"    {ms * 1e3:6.2f} us {knobs} {rec['runs'][-1]['ctas_per_sm']}/SM", flush=True)
             old = tensorcore.default_knobs(b, feat, dense.shape)
             k = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=old)
             ok, _, rec["blockrow_ms"], B = check_and_time(k, A, dense, feat, timed, torch)
