@@ -217,3 +217,26 @@ def test_a_forked_child_hashes_signatures_on_its_own_thread(graph):
     want = MatrixContext(graph).signature  # the parent's pool and thread exist now
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply_async(_child_signature, (graph,)).get(timeout=60) == want
+
+
+def test_a_matrix_far_beyond_the_logged_ones_gets_the_rule_and_says_why(monkeypatch, tmp_path):
+    """Trees predict flat past their last split: a row over RANGE_MARGIN times longer than
+    any logged row (or a matrix that much larger) is outside the model's range, so the
+    schedule knobs, the zero-shot pick and convert(m, "auto") fall back to the rule, and
+    knobs_source says why. The shipped model carries the logged span."""
+    from sparsec.tune import apply
+
+    _shipped(monkeypatch, tmp_path)
+    span = apply._log_knowledge(SHIPPED)[1].meta["matrix_range"]
+    longest = int(span["row_len_max"][1] * apply.RANGE_MARGIN) + 1000
+    rng = np.random.default_rng(2)
+    rows = np.concatenate([np.zeros(longest, np.int64), rng.integers(1, 2000, 20000)])
+    cols = np.concatenate([np.arange(longest), rng.integers(0, longest, 20000)])
+    m = sp.csr_matrix((rng.standard_normal(rows.size).astype(np.float32), (rows, cols)), shape=(2000, longest))
+    m.sum_duplicates()
+    knobs, source = apply.learned_schedule_knobs("spmm", convert(m, "csr"), 32, TARGET, "float32")
+    assert knobs == {} and source.startswith("default: the matrix is outside the cost model's range (row_len_max")
+    assert apply.tuned_config("spmm", m, 32, TARGET)[1] == "default"
+    assert convert(m, "auto", op="spmm", feat=32, target=TARGET).format_source == "default"
+    # within the span (the module's graph is far smaller than the largest logged) the model answers
+    assert apply.outside_range(apply._log_knowledge(SHIPPED)[1], {"rows": 10, "nnz": 10, "row_len_max": 1}) is None

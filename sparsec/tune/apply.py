@@ -14,6 +14,7 @@ source checkout's ``tuning_logs/``, as ``<op>_<target>.jsonl`` with the model be
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -111,6 +112,9 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
         if len(cases) < MIN_CASES:
             return {}, (f"default: the tuning log has {len(cases)} case(s) of {mine} for {op}, {dtype}: too few "
                         f"(under {MIN_CASES}) to trust the model's pick over the rule")
+        why = outside_range(model, ctx.stats)
+        if why:
+            return {}, f"default: {why}"
         knobs = model_schedule_knobs(op, inst, feat, target, dtype, path, records, model_of=lambda m=model: m,
                                      ctx=ctx)
         if knobs is not None:
@@ -291,7 +295,7 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
 
     for path in logs:
         records, model = known[path]
-        if model is None:
+        if model is None or outside_range(model, ctx.stats):
             continue
         # the space of the configurations that won somewhere (all a pick ranks), unless none
         # fits this matrix: then the whole space, as transfer_pool falls back to
@@ -340,8 +344,50 @@ def fit_log_model(log: str, records=None):
         return None
     model.meta = {"log_sha256": log_digest(log),
                   "top_records": [{k: v for k, v in R.to_plain(r).items() if k in _PICK_FIELDS}
-                                  for r in top_records(records)]}
+                                  for r in top_records(records)],
+                  "matrix_range": matrix_range(records)}
     return model
+
+
+# the matrix statistics whose logged span bounds where the model is trusted, and how far
+# beyond it (a factor): trees predict flat past their last split, so far above the logged
+# sizes and row lengths (where caches and long rows change what is fast) their ranking says
+# nothing, and the rule answers instead. Below the span, matrices are small and launch-bound,
+# as the smallest logged ones are: the model keeps them
+RANGE_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_max")
+RANGE_MARGIN = 4.0
+
+
+def matrix_range(records) -> Dict[str, List[float]]:
+    """{statistic: [smallest, largest]} over the matrices of the ok records (``RANGE_STATS``)."""
+    out: Dict[str, List[float]] = {}
+    for r in records:
+        if r.status != "ok":
+            continue
+        for name in RANGE_STATS:
+            v = r.stats.get(name)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                lo, hi = out.get(name, (v, v))
+                out[name] = [min(lo, float(v)), max(hi, float(v))]
+    return out
+
+
+def outside_range(model, stats) -> Optional[str]:
+    """Why the matrix with ``stats`` is outside the range of matrices ``model`` was fitted
+    on (a statistic more than ``RANGE_MARGIN`` times above the largest logged), else None
+    (also for a model saved without its range)."""
+    span = model.meta.get("matrix_range") if model is not None else None
+    if not isinstance(span, dict):
+        return None
+    for name in RANGE_STATS:
+        v, bounds = stats.get(name), span.get(name)
+        if not isinstance(v, (int, float)) or not isinstance(bounds, list) or len(bounds) != 2:
+            continue
+        lo, hi = bounds
+        if v > hi * RANGE_MARGIN:
+            return (f"the matrix is outside the cost model's range ({name} {v:g}, over {RANGE_MARGIN:g}x the "
+                    f"largest logged, {hi:g})")
+    return None
 
 
 def _saved_model(log: str):
