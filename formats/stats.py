@@ -102,10 +102,25 @@ def _block_counts(c: Canonical) -> Dict[int, int]:
 
 def block_counts(indptr: np.ndarray, indices: np.ndarray, ncols: int, sizes: Sequence[int]) -> Dict[int, int]:
     """Number of stored ``b x b`` blocks (blocks holding at least one entry, explicit zeros
-    included) of a CSR pattern for each b in ``sizes`` (ascending, each dividing the next); a
-    block at the matrix edge counts as a full block, as BSR stores it. Each size coarsens the
-    previous one's blocks (scipy's C++ sort per block row), several times faster than a
-    ``np.unique`` over every entry's block key."""
+    included) of a CSR pattern for each b in ``sizes``; a block at the matrix edge counts as a
+    full block, as BSR stores it. Counted by scipy's ``csr_count_blocks`` (what ``tobsr``
+    sizes its arrays with: one pass over the entries with a marker per block column, no
+    sort; 5x faster than coarsening with a sort per block row on a 1M-entry R-MAT); where a
+    scipy lacks that private routine, by coarsening (sizes ascending, each dividing the next)."""
+    try:
+        from scipy.sparse._sparsetools import csr_count_blocks
+    except ImportError:  # a scipy without the routine: the sorting way
+        return _block_counts_by_coarsening(indptr, indices, ncols, sizes)
+    dtype = np.result_type(indptr.dtype, indices.dtype)
+    indptr, indices = indptr.astype(dtype, copy=False), indices.astype(dtype, copy=False)
+    nrows = indptr.size - 1
+    return {int(b): int(csr_count_blocks(nrows, int(ncols), int(b), int(b), indptr, indices)) for b in sizes}
+
+
+def _block_counts_by_coarsening(indptr: np.ndarray, indices: np.ndarray, ncols: int,
+                                sizes: Sequence[int]) -> Dict[int, int]:
+    """:func:`block_counts` by coarsening: each size coarsens the previous one's blocks
+    (scipy's C++ sort per block row)."""
     counts, size = {}, 1
     for b in sizes:
         if b % size:

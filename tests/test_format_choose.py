@@ -161,3 +161,22 @@ def test_statistics_read_integer_matrices_that_conversion_refuses():
         canonical_csr(ints)
     assert canonical_csr(ints, any_real=True).data.dtype == np.float64
     assert row_stats(ints)["row_len_cv"] == BEFORE["row_len_cv"]
+
+
+@pytest.mark.parametrize("shape, density", [((1001, 999), 0.05), ((5, 3), 0.5), ((0, 7), 0.0), ((3000, 17), 0.2),
+                                            ((64, 4096), 0.01)])
+def test_block_counts_match_a_count_by_hand(shape, density):
+    """formats.stats.block_counts (scipy's csr_count_blocks) counts the distinct b x b blocks
+    holding an entry, explicit zeros included and edge blocks whole, as the sorting way and
+    a count of distinct (row // b, col // b) pairs do."""
+    from sparsec.formats.stats import _block_counts_by_coarsening, block_counts
+
+    m = sp.random(*shape, density=density, format="csr", random_state=4) if shape[0] else sp.csr_matrix(shape)
+    if m.nnz:
+        m.data[::3] = 0.0  # explicit zeros still occupy their blocks
+    m.sum_duplicates()
+    sizes = (2, 4, 8, 16, 32)
+    got = block_counts(m.indptr, m.indices, m.shape[1], sizes)
+    coo = m.tocoo()
+    assert got == {b: len(set(zip((coo.row // b).tolist(), (coo.col // b).tolist()))) for b in sizes}
+    assert got == _block_counts_by_coarsening(m.indptr, m.indices, m.shape[1], sizes)
