@@ -54,3 +54,22 @@ def fmt(x, unit: str = "") -> str:
     """A table cell: 4 significant digits and ``unit``, or '-' for a missing value."""
     return f"{x:.4g}{unit}" if x else "-"
 
+
+
+def profile_calls(calls, warmup: int = 3, profiled: int = 2) -> None:
+    """Call each ``(name, fn, args)`` ``warmup`` times, then ``profiled`` times between
+    cudaProfilerStart / Stop (what ``ncu --profile-from-start off`` and nsys capture), and
+    say which were profiled."""
+    import torch
+
+    for _, fn, a in calls:
+        for _ in range(warmup):
+            fn(*a)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for _, fn, a in calls:
+        for _ in range(profiled):
+            fn(*a)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled", [n for n, _, _ in calls])

@@ -18,6 +18,7 @@ import json
 import sys
 
 import _preamble  # noqa: F401,E402
+from _helpers import profile_calls  # noqa: E402
 from time_bsr_small_feat import check_and_time, suite_cases  # noqa: E402
 
 
@@ -61,17 +62,7 @@ def main(argv=None) -> int:
             a, _, _ = k.prepare(A, B)
             calls.append((f"{name} {label}", k.executable[k.op_name], a))
         calls.append((f"{name} dense", torch.matmul, (At, B)))
-    for _, fn, a in calls:
-        for _ in range(3):
-            fn(*a)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for _, fn, a in calls:
-        for _ in range(2):
-            fn(*a)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    print("profiled", [n for n, _, _ in calls])
+    profile_calls(calls)
     return 0
 
 

@@ -19,6 +19,7 @@ sys.path.insert(0, str(_preamble.ROOT / "examples"))
 import numpy as np  # noqa: E402
 
 import gnn_peers as gp  # noqa: E402
+from _helpers import profile_calls  # noqa: E402
 from time_rgcn_fill import variant  # noqa: E402
 
 
@@ -51,17 +52,7 @@ def main(argv=None) -> int:
             k = sparsec.compile("rgcn_bias", inst, target="cuda", rel=rel, fin=fin, fout=fout)
         a, _, _ = k.prepare(inst, X, W, b)
         calls.append((name, k.executable[k.op_name], a))
-    for _, fn, a in calls:
-        for _ in range(3):
-            fn(*a)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for name, fn, a in calls:
-        for _ in range(2):
-            fn(*a)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    print("profiled", [n for n, _, _ in calls])
+    profile_calls(calls)
     return 0
 
 

@@ -34,12 +34,7 @@ from __future__ import annotations
 from sparsec.ir_attrs import ATOMIC_ATTR
 
 from .tir_rewrite import map_blocks, map_stores, stores, with_fields
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
-tirx = lazy("tvm.tirx")
-tvm_ir = lazy("tvm.ir")
-tvm_ffi = lazy("tvm_ffi")
+from .tvm_modules import s_tir, tirx, tvm_ffi, tvm_ir
 
 # output dtypes with an atomic max/min here (CUDA has no 16-bit atomicMax)
 ATOMIC_MINMAX_DTYPES = ("float32", "float64", "int32")

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from .knobs import Knob, check_applicable, group, transformation
 from .loops import first_reduce_loop, has_dynamic_reduction, inner_block, root_block
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
+from .tvm_modules import s_tir
 
 DISTINCT_ROWS, SHARED_ROWS = "distinct_rows", "shared_rows"  # parallel_rows' shapes
 

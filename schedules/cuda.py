@@ -24,10 +24,7 @@ from .fusion import fuse_parts
 from .cuda_sddmm import is_fused, lane_groups
 from .knobs import Knob, Transformation, check_applicable, group, transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
-from ..lazy_module import lazy
-
-tvm = lazy("tvm")
-s_tir = lazy("tvm.s_tir")
+from .tvm_modules import s_tir, tvm
 
 MAX_THREADS = 1024
 AUTO_THREADS = 128

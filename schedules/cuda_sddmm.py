@@ -24,15 +24,7 @@ from typing import Dict, List, Tuple
 
 from .knobs import Knob, transformation
 from .loops import inner_block, root_block
-from ..lazy_module import lazy
-
-tvm = lazy("tvm")
-tvm_ffi = lazy("tvm_ffi")
-s_tir = lazy("tvm.s_tir")
-tirx = lazy("tvm.tirx")
-ie = lazy("tvm.ir.expr")
-pe = lazy("tvm.ir.prim.expr")
-te = lazy("tvm.tirx.expr")
+from .tvm_modules import ie, pe, s_tir, te, tirx, tvm, tvm_ffi
 
 WARP = 32
 MAX_THREADS = 1024

@@ -33,15 +33,7 @@ import numpy as np
 
 from .cuda_sddmm import _rewrite
 from .tir_rewrite import map_blocks, with_fields
-from ..lazy_module import lazy
-
-tvm = lazy("tvm")
-s_tir = lazy("tvm.s_tir")
-tirx = lazy("tvm.tirx")
-tvm_ir = lazy("tvm.ir")
-ie = lazy("tvm.ir.expr")
-pe = lazy("tvm.ir.prim.expr")
-tvm_ffi = lazy("tvm_ffi")
+from .tvm_modules import ie, pe, s_tir, tirx, tvm, tvm_ffi, tvm_ir
 
 FUSED_EPILOGUE = "sparsec.epilogue"  # annotation of a store block that now applies an epilogue
 

@@ -15,11 +15,7 @@ from __future__ import annotations
 from typing import List
 
 from .tir_rewrite import with_fields
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
-tirx = lazy("tvm.tirx")
-
+from .tvm_modules import s_tir, tirx
 
 def _fusable_key(nest):
     """Nests with equal keys may share a launch: parts of one statement that own their

@@ -1,11 +1,6 @@
 """Finding a lowered loop nest's blocks and loops by role (names come from the emitter)."""
 from __future__ import annotations
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
-
-
-
+from .tvm_modules import s_tir
 
 def inner_block(sch: s_tir.Schedule, nest):
     """The block holding the statement (the innermost block of the nest)."""

@@ -10,10 +10,7 @@ A fragment is a (32 lanes x registers) warp buffer; a layout maps an element (ro
 of a tile to its (lane, register).
 """
 from __future__ import annotations
-from ..lazy_module import lazy
-
-T = lazy("tvm.script.tirx")
-
+from .tvm_modules import T
 
 WARP = 32
 # element alignment of a warp fragment: TVM's 16 x 16 fragments (8 registers a lane) are

@@ -47,10 +47,7 @@ from . import mma_intrin
 from .knobs import ANY, Knob, check_applicable, transformation
 from .tensorcore_epilogue import Epilogue, epilogue_of
 from .tensorcore_heads import Operands, head_axis
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
-T = lazy("tvm.script.tirx")
+from .tvm_modules import s_tir, T
 
 DTYPES = ("float16", "bfloat16")
 WARP = 32

@@ -40,11 +40,7 @@ from typing import Dict, Optional, Tuple
 
 from . import mma_intrin, tensorcore
 from .knobs import ANY, Knob, check_applicable, transformation
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
-tirx = lazy("tvm.tirx")
-T = lazy("tvm.script.tirx")
+from .tvm_modules import s_tir, T, tirx
 
 DTYPES = tensorcore.DTYPES
 BLOCKS = (16, 32, 64)

@@ -6,12 +6,7 @@ scheduled sparsec nest contains and rebuilds the path down to each block it chan
 from __future__ import annotations
 
 from typing import Callable, Optional
-from ..lazy_module import lazy
-
-s_tir = lazy("tvm.s_tir")
-tirx = lazy("tvm.tirx")
-
-
+from .tvm_modules import s_tir, tirx
 
 def map_blocks(stmt, fn: Callable[[s_tir.SBlock], Optional[s_tir.SBlock]]):
     """``stmt`` with every SBlock ``b`` (outermost first) replaced by ``fn(b)``; ``fn`` returns
