@@ -144,13 +144,17 @@ class CostModel:
         return self._booster.predict(d).astype(np.float64)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """One JSON file: the booster (XGBoost's JSON model, as a string), the feature names
-        it was trained on and a format version. Written to a temporary file and renamed,
+        """One JSON file: the booster (XGBoost's JSON model, as a string) and its trees as
+        arrays (what a load predicts with), the feature names it was trained on and a format
+        version. Written to a temporary file and renamed,
         so a reader never sees half a model."""
         booster = self._saved if self._booster is None else self._booster.save_raw("json").decode("utf-8")
+        trees = self._trees or (TreeEnsemble.from_json(booster) if booster is not None else None)
         doc = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "feature_names": list(FEATURE_NAMES),
                "params": self.params, "num_rounds": self.num_rounds, "n_samples": self._n_samples,
-               "booster": booster, "meta": self.meta}
+               "booster": booster, "meta": self.meta,
+               # the booster's trees as arrays, read back without parsing its JSON (trees.TreeEnsemble)
+               "trees": trees.to_doc() if trees is not None else None}
         path = os.fspath(path)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".model-", suffix=".json")
         try:
@@ -185,7 +189,8 @@ class CostModel:
         model.meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
         if doc.get("booster") is not None:
             try:
-                trees = TreeEnsemble.from_json(doc["booster"])
+                saved = doc.get("trees")
+                trees = TreeEnsemble.from_doc(saved) if saved else TreeEnsemble.from_json(doc["booster"])
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{os.fspath(path)}: the booster cannot be read ({e}); retrain the model") from None
             if trees.feature_names is not None and list(trees.feature_names) != list(FEATURE_NAMES):

@@ -5,10 +5,15 @@ tuner's models use is read: ``gbtree`` boosters of numeric splits with one targe
 else is a ValueError and the caller loads xgboost instead."""
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+
+# the arrays a saved ensemble keeps (``to_doc``), with their dtypes
+_ARRAYS = {"left": np.int32, "right": np.int32, "feature": np.int32, "threshold": np.float32,
+           "default_left": np.bool_, "value": np.float32}
 
 
 class TreeEnsemble:
@@ -53,6 +58,28 @@ class TreeEnsemble:
         return cls(left, right, padded("split_indices", np.int32, 0), cond, padded("default_left", bool, True),
                    np.where(leaf, cond, 0.0).astype(np.float32), float(base), _depth(trees),
                    learner.get("feature_names") or None)
+
+    def to_doc(self) -> Dict[str, Any]:
+        """The ensemble as JSON data: its arrays as base64 of their little-endian bytes, so
+        that a model file is read back without parsing the booster's JSON again (about 30 ms
+        of a pick's first call on a 2-core machine)."""
+        return {"shape": list(self.left.shape), "base_score": self.base_score, "depth": self.depth,
+                "feature_names": self.feature_names,
+                "arrays": {name: base64.b64encode(np.ascontiguousarray(getattr(self, name), dtype=np.dtype(dt)
+                                                                       .newbyteorder("<")).tobytes()).decode("ascii")
+                           for name, dt in _ARRAYS.items()}}
+
+    @classmethod
+    def from_doc(cls, doc: Dict[str, Any]) -> "TreeEnsemble":
+        """The ensemble :meth:`to_doc` wrote; ValueError if it is not one."""
+        try:
+            shape = tuple(int(n) for n in doc["shape"])
+            arrays = {name: np.frombuffer(base64.b64decode(doc["arrays"][name]), dtype=np.dtype(dt).newbyteorder("<"))
+                      .astype(dt).reshape(shape) for name, dt in _ARRAYS.items()}
+            return cls(**arrays, base_score=float(doc["base_score"]), depth=int(doc["depth"]),
+                       feature_names=doc.get("feature_names"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a saved tree ensemble ({type(e).__name__}: {e})") from None
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The booster's prediction for each row of ``X`` (float32 features, NaN missing)."""
