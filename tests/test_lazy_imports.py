@@ -56,3 +56,16 @@ def test_tree_ensemble_matches_xgboost_bit_for_bit():
     Xt = rng.standard_normal((200, 6)).astype(np.float32)
     Xt[rng.random(Xt.shape) < 0.3] = np.nan
     np.testing.assert_array_equal(ens.predict(Xt), booster.predict(xgb.DMatrix(Xt)).astype(np.float64))
+
+
+def test_a_saved_ensemble_reads_back_as_saved_and_refuses_damage():
+    xgb = pytest.importorskip("xgboost")
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((200, 4)).astype(np.float32)
+    booster = xgb.train({"max_depth": 3, "seed": 0, "nthread": 1}, xgb.DMatrix(X, label=X[:, 0] - X[:, 1]), 10)
+    ens = TreeEnsemble.from_json(booster.save_raw("json").decode())
+    doc = json.loads(json.dumps(ens.to_doc()))  # as a model file holds it
+    np.testing.assert_array_equal(TreeEnsemble.from_doc(doc).predict(X), ens.predict(X))
+    doc["arrays"]["left"] = doc["arrays"]["left"][:8]
+    with pytest.raises(ValueError, match="not a saved tree ensemble"):
+        TreeEnsemble.from_doc(doc)
