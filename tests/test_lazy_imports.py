@@ -69,3 +69,20 @@ def test_a_saved_ensemble_reads_back_as_saved_and_refuses_damage():
     doc["arrays"]["left"] = doc["arrays"]["left"][:8]
     with pytest.raises(ValueError, match="not a saved tree ensemble"):
         TreeEnsemble.from_doc(doc)
+
+
+def test_a_model_numpy_does_not_read_saves_and_loads_through_xgboost(tmp_path):
+    """A booster of another objective than the tuner's is no TreeEnsemble: its file keeps no
+    trees and loading it predicts with xgboost, the same as before saving."""
+    pytest.importorskip("xgboost")
+    from sparsec.tune.features import FEATURE_NAMES
+    from sparsec.tune.model import CostModel
+
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((60, len(FEATURE_NAMES))).astype(np.float32)
+    model = CostModel(params={"objective": "reg:pseudohubererror"}).fit_arrays(X, rng.standard_normal(60))
+    model.save(tmp_path / "m.json")
+    assert json.loads((tmp_path / "m.json").read_text())["trees"] is None
+    loaded = CostModel.load(tmp_path / "m.json")
+    assert loaded.trained
+    np.testing.assert_array_equal(loaded.predict_arrays(X), model.predict_arrays(X))

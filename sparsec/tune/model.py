@@ -149,7 +149,7 @@ class CostModel:
         version. Written to a temporary file and renamed,
         so a reader never sees half a model."""
         booster = self._saved if self._booster is None else self._booster.save_raw("json").decode("utf-8")
-        trees = self._trees or (TreeEnsemble.from_json(booster) if booster is not None else None)
+        trees = self._trees or _ensemble_or_none(booster)
         doc = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "feature_names": list(FEATURE_NAMES),
                "params": self.params, "num_rounds": self.num_rounds, "n_samples": self._n_samples,
                "booster": booster, "meta": self.meta,
@@ -188,16 +188,34 @@ class CostModel:
         model._n_samples = int(doc.get("n_samples", 0))
         model.meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
         if doc.get("booster") is not None:
+            saved = doc.get("trees")
             try:
-                saved = doc.get("trees")
-                trees = TreeEnsemble.from_doc(saved) if saved else TreeEnsemble.from_json(doc["booster"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{os.fspath(path)}: the booster cannot be read ({e}); retrain the model") from None
-            if trees.feature_names is not None and list(trees.feature_names) != list(FEATURE_NAMES):
+                trees = TreeEnsemble.from_doc(saved) if saved else _ensemble_or_none(doc["booster"])
+            except ValueError as e:
+                raise ValueError(f"{os.fspath(path)}: the saved trees cannot be read ({e}); retrain the model") from None
+            if trees is None:  # a booster numpy does not read (another objective, categorical splits)
+                xgb = _xgboost()
+                model._booster = xgb.Booster()
+                model._booster.load_model(bytearray(doc["booster"].encode("utf-8")))
+                names = model._booster.feature_names
+            else:
+                model._trees, model._saved = trees, doc["booster"]
+                names = trees.feature_names
+            if names is not None and list(names) != list(FEATURE_NAMES):
                 raise ValueError(f"{os.fspath(path)}: the booster's feature names differ from FEATURE_NAMES "
-                                 f"({_first_difference(trees.feature_names)}); retrain the model")
-            model._trees, model._saved = trees, doc["booster"]
+                                 f"({_first_difference(names)}); retrain the model")
         return model
+
+
+def _ensemble_or_none(booster_json: Optional[str]) -> Optional[TreeEnsemble]:
+    """The booster's trees for numpy, or None where there is no booster or it is one that
+    ``TreeEnsemble`` does not read (xgboost predicts with it then)."""
+    if booster_json is None:
+        return None
+    try:
+        return TreeEnsemble.from_json(booster_json)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _first_difference(names) -> str:
