@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     import sparsec
     from sparsec import formats
 
-    calls = []
+    calls, all_ok = [], True
     for name, dense, b in suite_cases(False, args.cases):
         A = formats.convert(dense, f"bsr:{b}x{b}")
         At = torch.from_numpy(dense).cuda()
@@ -59,11 +59,12 @@ def main(argv=None) -> int:
             k = sparsec.compile("spmm", A, target="cuda", feat=args.feat, knobs=knobs)
             ok, err, ms, B = check_and_time(k, A, dense, args.feat, lambda f, x: 0.0, torch)
             print(f"{'ok ' if ok else 'BAD'} {name} {label} {k.knobs} err {err:.1e}", flush=True)
+            all_ok &= ok
             a, _, _ = k.prepare(A, B)
             calls.append((f"{name} {label}", k.executable[k.op_name], a))
         calls.append((f"{name} dense", torch.matmul, (At, B)))
     profile_calls(calls)
-    return 0
+    return 0 if all_ok else 1  # a wrong kernel's profile is no evidence
 
 
 if __name__ == "__main__":

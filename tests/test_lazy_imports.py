@@ -56,6 +56,8 @@ def test_tree_ensemble_matches_xgboost_bit_for_bit():
     Xt = rng.standard_normal((200, 6)).astype(np.float32)
     Xt[rng.random(Xt.shape) < 0.3] = np.nan
     np.testing.assert_array_equal(ens.predict(Xt), booster.predict(xgb.DMatrix(Xt)).astype(np.float64))
+    with pytest.raises(ValueError, match="feature columns"):  # never a read past a row's end
+        ens.predict(Xt[:, :2])
 
 
 def test_a_saved_ensemble_reads_back_as_saved_and_refuses_damage():

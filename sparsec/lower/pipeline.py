@@ -124,9 +124,12 @@ STAGES: Dict[str, Callable[[Any, LowerContext], Any]] = {
     "script": script_stage,
     "tir": tir_stage,
 }
-# the IR each stage produces: what ``start_from=(stage, ir)`` must be given
-STAGE_OUTPUT = {"bind": BoundOperator, "positions": PositionProgram, "flat": FlatProgram, "script": str,
-                "tir": "PrimFunc"}  # tvm.tirx's, looked up when asked for (TVM is imported on first use)
+def stage_output(stage: str) -> type:
+    """The IR ``stage`` produces: what ``start_from=(stage, ir)`` must be given (TVM's
+    PrimFunc looked up only when asked for: TVM is imported on first use)."""
+    if stage == "tir":
+        return tvm.tirx.PrimFunc
+    return {"bind": BoundOperator, "positions": PositionProgram, "flat": FlatProgram, "script": str}[stage]
 
 
 def run_stages(ctx: LowerContext, start_from: Optional[Tuple[str, Any]] = None,
@@ -180,8 +183,7 @@ def _check_start(start_from) -> Tuple[str, Any]:
         raise ValueError(f"start_from should be a (stage, ir) pair, got {start_from!r}")
     stage, ir = start_from
     _check_stage(stage, "start_from's stage")
-    want = STAGE_OUTPUT[stage]
-    want = tvm.tirx.PrimFunc if want == "PrimFunc" else want
+    want = stage_output(stage)
     if not isinstance(ir, want):
         raise TypeError(f"start_from=({stage!r}, ir): ir should be a {want.__name__} (what stage {stage} "
                         f"produces), got {type(ir).__name__}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import os
 import warnings
 from dataclasses import dataclass
@@ -277,8 +278,9 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
     signature), width, dtype and target; else the log's model's top pick among the
     configurations that won on the logged matrices (``transfer.zero_shot_pick``) in the
     space of ``families`` (default: the tuner's, which leaves out the packed Tensor Core
-    formats: they prune or quantize the matrix, so only a caller who names them gets them);
-    else sparsec's untuned default."""
+    formats: they prune or quantize the matrix, so only a caller who names them gets them),
+    unless the matrix is outside the model's range (:func:`outside_range`); else sparsec's
+    untuned default."""
     from .features import MatrixContext
     from .space import Space
     from .transfer import config_key, winning_keys, zero_shot_pick
@@ -366,7 +368,7 @@ def matrix_range(records) -> Dict[str, List[float]]:
             continue
         for name in RANGE_STATS:
             v = r.stats.get(name)
-            if isinstance(v, (int, float)) and math.isfinite(v):
+            if isinstance(v, numbers.Real) and math.isfinite(v):
                 lo, hi = out.get(name, (v, v))
                 out[name] = [min(lo, float(v)), max(hi, float(v))]
     return out
@@ -381,9 +383,9 @@ def outside_range(model, stats) -> Optional[str]:
         return None
     for name in RANGE_STATS:
         v, bounds = stats.get(name), span.get(name)
-        if not isinstance(v, (int, float)) or not isinstance(bounds, list) or len(bounds) != 2:
+        if not isinstance(v, numbers.Real) or not isinstance(bounds, list) or len(bounds) != 2:
             continue
-        lo, hi = bounds
+        hi = bounds[1]
         if v > hi * RANGE_MARGIN:
             return (f"the matrix is outside the cost model's range ({name} {v:g}, over {RANGE_MARGIN:g}x the "
                     f"largest logged, {hi:g})")

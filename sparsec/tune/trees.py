@@ -85,6 +85,10 @@ class TreeEnsemble:
         """The booster's prediction for each row of ``X`` (float32 features, NaN missing)."""
         X = np.ascontiguousarray(X, dtype=np.float32)
         n_trees, n_nodes = self.left.shape
+        needed = int(self.feature[self.left != np.arange(n_nodes)[None, :]].max(initial=-1)) + 1
+        if X.ndim != 2 or X.shape[1] < needed:
+            raise ValueError(f"X should be 2-D with at least {needed} feature columns (the trees split on them), "
+                             f"got shape {X.shape}")
         flat = X.ravel()
         row_base = (np.arange(len(X), dtype=np.int64) * X.shape[1])[:, None]
         # node ids made global (tree * n_nodes + node), so every step is one flat take
