@@ -121,6 +121,11 @@ def _guard_blocks(stmt, skip, pred):
     return stmt
 
 
+def _stmt_uses(stmt, var) -> bool:
+    """True when ``var`` occurs free in ``stmt``."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(stmt))
+
+
 def _conjuncts(e):
     return _conjuncts(e.a) + _conjuncts(e.b) if isinstance(e, pe.And) else [e]
 
@@ -224,9 +229,19 @@ def fuse_scale_epilogue(sch: s_tir.Schedule, nest) -> bool:
     red = [v for iv, v in zip(blk.iter_vars, dot_realize.iter_values) if iv.iter_type == tirx.IterVar.CommReduce]
     if len(red) + sum(iv.iter_type == tirx.IterVar.DataPar for iv in blk.iter_vars) != len(blk.iter_vars) or not red:
         return False
-    # the entry loops: from the row block down to the first loop a reduction iterator uses
-    loops, rest = [], outer.block.body
-    while isinstance(rest, tirx.For) and not any(_uses(v, rest.loop_var) for v in red):
+    # the entry loops: from the row block down to the first loop a reduction iterator uses;
+    # a loop's body may first read what its entries share (lane_groups' per-row cache reads)
+    loops, heads, rest = [], [], outer.block.body
+    while True:
+        head = []
+        if isinstance(rest, tirx.SeqStmt) and _find_block(rest.seq[-1], nest.name) is not None:
+            head, rest = list(rest.seq[:-1]), rest.seq[-1]
+        if loops:
+            heads.append(head)
+        elif head:
+            return False
+        if not isinstance(rest, tirx.For) or any(_uses(v, rest.loop_var) for v in red):
+            break
         loops.append(rest)
         rest = rest.body
     if not isinstance(rest, tirx.For):
@@ -270,7 +285,15 @@ def fuse_scale_epilogue(sch: s_tir.Schedule, nest) -> bool:
     spatial_values = [v for iv, v in zip(blk.iter_vars, dot_realize.iter_values) if iv.iter_type == tirx.IterVar.DataPar]
     pred = tirx.all(*entry_pred, _rewrite(e_inner.predicate, loop_map))
     scale_realize = s_tir.SBlockRealize([iv.var for iv in outer.block.iter_vars] + spatial_values, pred, scale)
-    body = _relooped(loops, tirx.SeqStmt([reduction, scale_realize]))
+    body = tirx.SeqStmt([reduction, scale_realize])
+    for lp, head in reversed(list(zip(loops, heads))):
+        # what a loop's body reads first without its variable (X[i, :] under the entry
+        # loop) moves before the loop: read once, not once per entry
+        inside = [h for h in head if _stmt_uses(h, lp.loop_var)]
+        before = [h for h in head if not _stmt_uses(h, lp.loop_var)]
+        body = _relooped([lp], tirx.SeqStmt(inside + [body]) if inside else body)
+        if before:
+            body = tirx.SeqStmt(before + [body])
     ob = outer.block
     vmap = {a.var: b.var for a, b in zip(o_iv, ob.iter_vars)}
     extra = [_region(r, vmap) for r in e_outer.block.reads
@@ -284,6 +307,26 @@ def fuse_scale_epilogue(sch: s_tir.Schedule, nest) -> bool:
                       root.match_buffers, root.annotations)
     sch.state.replace(sch.get_sref(root_rv), new_root, {root: new_root})
     return True
+
+
+def _cache_per_row(sch: s_tir.Schedule, nest, name: str, lanes: int, vec: int, at) -> None:
+    """Read the statement's operand ``name`` (the same for all a row's entries: X[i, :]) into
+    registers at the top of the entry loop ``at`` (``fuse_scale_epilogue`` then moves it
+    before the loop, as it reads nothing that changes from entry to entry): each lane loads
+    the (k_o, vec) features it multiplies, as vectors, into a local buffer indexed by
+    (k_o, vec) only, so its indices are constants once k_o is unrolled (registers, no stack)."""
+    blk = inner_block(sch, nest)
+    reads = [r.source.name for r in sch.get(blk).reads]
+    if name not in reads:
+        return
+    cache = sch.cache_read(blk, reads.index(name), "local")
+    sch.compute_at(cache, at)
+    sch.transform_layout(cache, ("write", 0), lambda *ix: (ix[-1] // (lanes * vec), ix[-1] % vec),
+                         assume_injective_transform=True)
+    c_o, c_l, c_v = sch.split(sch.get_loops(cache)[-1], [None, lanes, vec])
+    sch.unroll(c_o)
+    sch.bind(c_l, "threadIdx.x")
+    sch.vectorize(c_v)
 
 
 def is_fused(sch: s_tir.Schedule, nest) -> bool:
@@ -343,13 +386,15 @@ def _prune(nest, knobs):
 @transformation(knobs={"lanes": Knob((0, 1, 2, 4, 8, 16, 32), search=(0, 4, 8, 16, 32), small=(0, 8, 32)),
                        "vec": Knob((0, 1, 2, 4), search=(0, 4)),
                        "groups": Knob((0, 1, 2, 4, 8, 16, 32), search=(0, 1, 2, 4), small=(0, 1, 4)),
-                       "rows_per_block": Knob((4, 1, 2, 8, 16), search=(4, 1, 2, 8), small=(4, 1, 8))},
+                       "rows_per_block": Knob((4, 1, 2, 8, 16), search=(4, 1, 2, 8), small=(4, 1, 8)),
+                       "unroll": Knob((1, 2, 4, 8), search=(1, 2, 4, 8), small=(1, 4))},
                 resolve=lambda nest, knobs: resolve_lanes(_feat(nest), knobs), prune=_prune)
-def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int, rows_per_block: int):
+def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int, rows_per_block: int, unroll: int):
     """SDDMM-like nests: the statement block's last loop is a reduction over a dense feature
     axis, its other loops are spatial (the stored entries). 0 means "chosen from feat":
     vec = 4/2/1 as feat allows, lanes = feat / vec rounded down to a power of two (<= 32),
-    groups = 32 / lanes (one warp per row).
+    groups = 32 / lanes (one warp per row). ``unroll``: entries a lane group takes in one
+    unrolled step, so that their gathers are in flight together.
 
     Before: for i: for p in row_len: for k in F: C[p] += X[i, k] * Y[col[p], k]
             for i: for p in row_len: C[p] = A[p] * C[p]
@@ -365,6 +410,7 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
     vec, lanes, groups, rows_per_block = r["vec"], r["lanes"], r["groups"], r["rows_per_block"]
     if lanes * groups > MAX_THREADS:
         raise ValueError(f"{nest.name}: lanes * groups should be at most {MAX_THREADS}, got {lanes} * {groups}")
+    per_row = set(row_operands(nest)) if vec > 1 else set()
     blk = inner_block(sch, nest)
     loops = sch.get_loops(blk)
     own = len(nest.blocks[-1])
@@ -373,16 +419,27 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
     p_o, p_g = sch.split(p, [None, groups])
     k_o, k_l, k_v = sch.split(k, [None, lanes, vec])
     sch.reorder(k_o, k_l, k_v)
-    if vec > 1:  # each lane reads its vec features of X[i, :] and Y[col, :] as one vector
-        names = [r.source.name for r in sch.get(blk).reads]
+    for name in per_row:
+        _cache_per_row(sch, nest, name, lanes, vec, p_o)
+    if vec > 1:  # each lane reads its vec features of Y[col, :] as one vector, entry by entry
         for name in feature_operands(nest):
-            if name in names:
+            names = [r.source.name for r in sch.get(blk).reads]
+            if name in names and name not in per_row:
                 cache = sch.cache_read(blk, names.index(name), "local")
                 sch.compute_at(cache, k_l)
+                # one entry's vector: indexed by the feature alone, so that the register
+                # array's index is a constant (TVM's compaction otherwise keeps the gathered
+                # row's index in it, and a data-dependent index puts the array on the stack)
+                sch.transform_layout(cache, ("write", 0), lambda *ix: (ix[-1] % vec,), assume_injective_transform=True)
                 sch.vectorize(sch.get_loops(cache)[-1])
     fused = fuse_scale_epilogue(sch, nest)  # srefs survive by name only
     blk = inner_block(sch, nest)
     *_, p_o, p_g, k_o, k_l, k_v = sch.get_loops(blk)
+    if per_row:  # constant indices into the row's registers (a local array indexed by a loop is stack memory)
+        sch.unroll(k_o)
+    if unroll > 1:  # entries a lane group takes in one unrolled step: their loads in flight together
+        _, p_u = sch.split(p_o, [None, unroll])
+        sch.unroll(p_u)
     if not fused:
         # No epilogue writes the entry: reduce into a register and store it from a block of its
         # own under the entry loop, which carries the split's predicate (entries past the row's
@@ -398,6 +455,22 @@ def lane_groups(sch: s_tir.Schedule, nest, *, lanes: int, vec: int, groups: int,
     bx, tz = sch.split(sch.get_loops(root_block(sch, nest))[0], [None, rows_per_block])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tz, "threadIdx.z")
+
+
+def row_operands(nest):
+    """The feature operands whose element does not depend on the entry (SDDMM's X[i, :], read
+    at the row; not Y[col[p], :]): loaded once per row and reused for all its entries."""
+    from sparsec.expr import Load, Var, walk
+
+    root = f"v_{nest.blocks[0][0].loop.name}"
+    k = f"v_{nest.blocks[-1][-1].loop.name}"
+    loads = [n for n in walk(nest.value) if isinstance(n, Load) and n.buffer in feature_operands(nest)]
+    out = []
+    for name in dict.fromkeys(n.buffer for n in loads):
+        used = {v.name for n in loads if n.buffer == name for i in n.index for v in walk(i) if isinstance(v, Var)}
+        if used <= {root, k}:
+            out.append(name)
+    return out
 
 
 def feature_operands(nest):

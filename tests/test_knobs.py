@@ -56,7 +56,7 @@ def test_tensor_core_template_rejects_generic_knobs():
                                  "feat_tiles": 1}),
     (CUDA, "bsr:4x4", "spmm", {}, {"rows_per_block": "auto", "vec": 4, "feat_tiles": 1}),
     # the scale nest runs inside the dot's kernel: rows_over_threads' threads_per_block does nothing
-    (CUDA, "csr", "sddmm", {"lanes": 8}, {"lanes": 8, "vec": 0, "groups": 0, "rows_per_block": 4}),
+    (CUDA, "csr", "sddmm", {"lanes": 8}, {"lanes": 8, "vec": 0, "groups": 0, "rows_per_block": 4, "unroll": 1}),
 ])
 def test_kernel_knobs_are_the_knobs_that_took_effect(target, spec, op, knobs, expected):
     k = sparsec.compile(op, spec, feat=16, target=target, knobs=knobs or None)

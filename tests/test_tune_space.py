@@ -93,7 +93,7 @@ def test_sddmm_spellings_of_one_kernel_are_one_candidate(matrix):
     space = Space("sddmm", matrix, 64)
     assert all(c["schedule_knobs"]["lanes"] and c["schedule_knobs"]["vec"] and c["schedule_knobs"]["groups"]
                for c in space.candidates)
-    assert space.default["schedule_knobs"] == {"lanes": 16, "vec": 4, "groups": 2, "rows_per_block": 4}
+    assert space.default["schedule_knobs"] == {"lanes": 16, "vec": 4, "groups": 2, "rows_per_block": 4, "unroll": 1}
 
 
 def test_bsr_takes_only_the_knobs_that_act_on_blocks():
