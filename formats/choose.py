@@ -12,7 +12,11 @@ Measured on an H200 with CUDA-graph timing (device time; `sparsec bench {spmm,sd
   loads sets the kernel time, and hyb, which caps a row piece at its widest bucket, wins
   (cond-mat-2003 at F = 32: 1.5x vs 1.0x). Power-law graphs always take hyb.
 * SDDMM. hyb wins except on meshes with rows of eight or more entries (copter2: CSR 1.7x vs
-  1.35x), where CSR's lane groups already run full warps.
+  1.35x), where CSR's lane groups already run full warps. Its rows are cut in pieces of at
+  most four entries (buckets 1/2/4): an SDDMM entry is its own output, so a cut costs no
+  atomics, only one more read of the row's X, and a lane group walks at most four entries
+  in turn instead of up to 64 (the tuner's first SDDMM records, ``benchmarks/results/
+  sddmm_tune_partial_H200.json``: 1.6-3.7x over the automatic buckets at F = 32-512).
 
 The tuner (issue 5) refines this per matrix.
 """
@@ -29,18 +33,20 @@ REGULAR_CV = 1.5        # ... at or below which CSR wins SpMM at wide features
 REGULAR_MAX_ROW = 300   # ... provided no row is longer than this
 WIDE_FEAT = 128         # feature width from which CSR's per-row chain is hidden
 SDDMM_CSR_MEAN_ROW = 8  # SDDMM: CSR on mesh-regular rows at least this long
+SDDMM_HYB = "hyb:auto:1/2/4"  # SDDMM's hyb: automatic column ranges, row pieces of 1, 2 or 4 entries
 
 
 def default_format(op: str, stats: Dict[str, float], feat: Optional[int] = None) -> str:
-    """``"csr"`` or ``"hyb"`` for SpMM and SDDMM, ``"csr"`` for other operators. ``feat``
-    (the dense width; None: unknown, taken as wide) matters for SpMM only."""
+    """``"csr"`` or ``"hyb"`` for SpMM, ``"csr"`` or :data:`SDDMM_HYB` (hyb with its buckets
+    given) for SDDMM, ``"csr"`` for other operators. ``feat`` (the dense width; None:
+    unknown, taken as wide) matters for SpMM only."""
     if op not in ("spmm", "sddmm"):
         return "csr"
     cv, longest = stats["row_len_cv"], stats["row_len_max"]
     if stats["nnz"] == 0:
         return "csr"
     if op == "sddmm":
-        return "csr" if cv <= MESH_CV and stats["row_len_mean"] >= SDDMM_CSR_MEAN_ROW else "hyb"
+        return "csr" if cv <= MESH_CV and stats["row_len_mean"] >= SDDMM_CSR_MEAN_ROW else SDDMM_HYB
     if longest > REGULAR_MAX_ROW:
         return "hyb"
     if cv <= MESH_CV:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sparsec.formats.choose import default_format, row_stats
+from sparsec.formats.choose import SDDMM_HYB, default_format, row_stats
 
 
 def _matrix(lengths, n=2000, seed=0):
@@ -52,8 +52,25 @@ def test_power_law_rows_get_hyb():
 
 def test_sddmm_takes_csr_only_on_long_mesh_rows():
     assert default_format("sddmm", row_stats(_matrix(np.full(300, 12)))) == "csr"
-    assert default_format("sddmm", row_stats(_matrix(np.full(300, 4)))) == "hyb"  # mdual-like
-    assert default_format("sddmm", row_stats(_matrix(_skewed()))) == "hyb"
+    assert default_format("sddmm", row_stats(_matrix(np.full(300, 4)))) == SDDMM_HYB  # mdual-like
+    assert default_format("sddmm", row_stats(_matrix(_skewed()))) == SDDMM_HYB
+
+
+def test_sddmm_hyb_cuts_rows_in_pieces_of_four_and_keeps_every_entry():
+    """The SDDMM default's hyb: every row piece holds at most four entries (an entry is its
+    own output, so a cut row needs no atomics), the matrix unchanged; the tuner's untuned
+    candidate is the same format."""
+    from sparsec import formats
+    from sparsec.formats import hyb
+    from sparsec.tune.space import Space
+
+    m = _matrix(_skewed())
+    inst = formats.convert(m, default_format("sddmm", row_stats(m)))
+    assert inst.format.name == "hyb"
+    assert max(hyb.parse_spec(inst.format.spec.partition(":")[2])["buckets"]) == 4
+    np.testing.assert_array_equal(inst.to_scipy().toarray(), m.toarray())
+    d = Space("sddmm", m, 32).default
+    assert d["format"] == "hyb" and d["format_knobs"]["buckets"] == "1/2/4"
 
 
 def test_other_operators_and_empty_matrices_get_csr():

@@ -177,8 +177,12 @@ class Space:
             return self.format_default(max(blocks, key=lambda spec: int(spec.split(":")[1].split("x")[0])))
         if packed and all(f in TC_FORMATS for f in self.families):
             return self.format_default(packed[0])
-        fam = default_format(self.op, self.stats, self.feat)
-        fk = self.hyb_knobs(*self._auto_hyb()) if fam == "hyb" else {}
+        fam, _, arg = default_format(self.op, self.stats, self.feat).partition(":")
+        fk = {}
+        if fam == "hyb":  # the rule's buckets where it gives them (SDDMM), else hyb's own
+            given = hyb_format.parse_spec(arg or None)
+            auto_p, auto_b = self._auto_hyb()
+            fk = self.hyb_knobs(auto_p, given["buckets"] or auto_b)
         return candidate(self.op, fam, self.feat, self.dtype, fk, self._written({}, self._uses(fam), resolve_all=True))
 
     def format_default(self, spec: str, format_knobs: Optional[dict] = None) -> dict:
