@@ -29,6 +29,7 @@ def _load(name):
 
 minilm = _load("minilm")
 structured = _load("structured")
+heldout = _load("heldout")
 lowprec = _load("lowprec")
 
 
@@ -374,6 +375,30 @@ def test_structured_matrices_are_the_classes_they_name(tmp_path):
     paths = structured.write_all(tmp_path / "cache" / "structured")
     assert set(paths) == set(structured.MATRICES)
     assert suites.real_graphs(tmp_path / "cache", min_rows=1) == []
+
+
+def test_heldout_matrices_are_the_kinds_they_say(tmp_path):
+    """benchmarks/data/heldout.py: non-square incidence and bipartite matrices, a few very
+    long rows, circuit nets; fixed seeds; a missing cache file names fetch.py."""
+    bip = heldout.bipartite_zipf(3000, 800, 8.0)
+    assert bip.shape == (3000, 800) and bip.dtype == np.float32 and bip.has_sorted_indices
+    cols = np.bincount(bip.indices, minlength=800)
+    assert cols.max() > 20 * np.median(cols)  # Zipf: a few items most users touch
+    hub = heldout.hub_rows(4000, 6.0, hubs=3, hub_len=2500)
+    lens = np.sort(np.diff(hub.indptr))
+    assert np.all(lens[-3:] >= 2500) and lens[-4] < 40
+    c = heldout.circuit(5000, couplings=3, reach=10, nets=2, net_len=1500)
+    pattern = (c != 0).astype(np.int8)
+    assert (pattern != pattern.T).nnz == 0 and np.sort(np.diff(c.indptr))[-2] >= 1500
+    assert (heldout.circuit(5000, couplings=3, reach=10, nets=2, net_len=1500) != c).nnz == 0
+    g = sp.random(50, 50, density=0.1, random_state=0, format="csr")
+    sp.save_npz(tmp_path / "email-Enron.npz", g + g.T)
+    inc = heldout.enron_incidence(tmp_path)
+    assert inc.shape == (50, sp.triu(g + g.T, k=1).nnz) and np.all(np.diff(inc.tocsc().indptr) == 2)
+    with pytest.raises(FileNotFoundError, match="fetch.py"):
+        heldout.elt4(tmp_path)
+    with pytest.raises(ValueError, match="unknown held-out"):
+        heldout.matrices(tmp_path, ["nope"])
 
 
 def test_prune_vectors_keeps_the_largest_column_vectors():
