@@ -4,6 +4,7 @@
     bash .gpu/stage2/install.sh && source .gpu/stage2/env.sh && python3 benchmarks/run_suite.py
     python3 benchmarks/run_suite.py --quick                 # a few cases of each part (~1 min)
     python3 benchmarks/run_suite.py --only bsr --max-rmat 4M
+    python3 benchmarks/run_suite.py --only spmm sddmm --auto   # graphs in the format sparsec picks
 
 Parts (``--only`` picks some; the default runs all three in one process):
 
@@ -71,6 +72,9 @@ def main(argv=None) -> int:
                     help="leave out R-MAT graphs with more non-zeros than this (e.g. 4M; 0: none)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="result folder (default: %(default)s)")
     ap.add_argument("--repeat", type=int, default=50, metavar="N", help="most timed calls per contestant")
+    ap.add_argument("--auto", action="store_true",
+                    help="graphs parts: the format convert(m, 'auto') picks (the tuning logs' pick for the "
+                         "matrix, width and target; else the rule) instead of the rule's")
     ap.add_argument("--target", default="cuda", help=argparse.SUPPRESS)  # llvm: a CPU dry run of this script
     args = ap.parse_args(argv)
     parts = args.only or list(PARTS)
@@ -81,11 +85,13 @@ def main(argv=None) -> int:
     for part in parts:
         p = PARTS[part]
         print(f"== {part}: {p['op']} {p['dtype']} on the {p['suite']} suite", file=sys.stderr, flush=True)
-        if p["suite"] == "graphs" and graphs is not None:
+        auto = args.auto and p["suite"] == "graphs"
+        if p["suite"] == "graphs" and graphs is not None and not auto:  # the rule's formats serve both
             groups = [MatrixCases(g.name, g.matrix, [dataclasses.replace(c, op=p["op"]) for c in g.cases])
                       for g in graphs]
-        else:
-            groups = build_cases(p["op"], suite=p["suite"], dtype=p["dtype"], quick=args.quick, max_rmat=args.max_rmat)
+        else:  # with --auto each operator picks its own formats
+            groups = build_cases(p["op"], suite=p["suite"], dtype=p["dtype"], quick=args.quick, max_rmat=args.max_rmat,
+                                 spec="auto" if auto else None, target=args.target)
         if p["suite"] == "graphs":
             graphs = groups
         bench.run(groups)

@@ -240,3 +240,22 @@ def test_a_matrix_far_beyond_the_logged_ones_gets_the_rule_and_says_why(monkeypa
     assert convert(m, "auto", op="spmm", feat=32, target=TARGET).format_source == "default"
     # within the span (the module's graph is far smaller than the largest logged) the model answers
     assert apply.outside_range(apply._log_knowledge(SHIPPED)[1], {"rows": 10, "nnz": 10, "row_len_max": 1}) is None
+
+
+def test_bench_format_auto_runs_what_convert_auto_picks(graph, monkeypatch, tmp_path):
+    """``sparsec bench --format auto`` / ``run_suite.py --auto``: each case names the format
+    convert(m, "auto") takes for its matrix, width and target (the log's pick, its knobs
+    written out), the rule's where no log answers; the blocks suite refuses it."""
+    from sparsec.bench.cases import build_cases
+    from sparsec.formats.choose import default_format, row_stats
+
+    _shipped(monkeypatch, tmp_path)
+    path = tmp_path / "g.npz"
+    sp.save_npz(path, graph)
+    case = build_cases("spmm", matrix=str(path), feats=[32], spec="auto", target=TARGET)[0].cases[0]
+    assert convert(graph, case.spec).format.spec == \
+        convert(graph, "auto", op="spmm", feat=32, target=TARGET).format.spec
+    llvm = build_cases("spmm", matrix=str(path), feats=[32], spec="auto", target="llvm")[0].cases[0]
+    assert llvm.spec == default_format("spmm", row_stats(graph), 32)
+    with pytest.raises(ValueError, match="auto"):
+        build_cases("spmm", suite="blocks", spec="auto", target=TARGET)

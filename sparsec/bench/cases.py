@@ -73,6 +73,19 @@ def default_format_for(op: str, stats: Dict[str, float], feat: Optional[int] = N
     return default_format(op, stats, feat)
 
 
+AUTO = "auto"  # --format auto: the format sparsec picks for each matrix and width (convert(m, "auto"))
+
+
+def auto_spec(op: str, m, feat: int, target: Optional[str], dtype: str) -> str:
+    """The format spec ``formats.convert(m, "auto", ...)`` takes for this case: the tuning
+    logs' pick (format and format knobs) for ``target``, else the rule's default, written
+    out with its knobs so that the case names what it ran."""
+    from ..formats.choose import auto_format
+
+    spec, knobs, _ = auto_format(m, op, feat, target, dtype)
+    return formats.make_format(spec, **knobs).spec if knobs else spec
+
+
 def matrix_stats(m: sp.csr_matrix) -> Dict[str, float]:
     """The row statistics a case records and the default format is chosen on (one
     implementation: ``sparsec.formats.stats.row_stats``)."""
@@ -166,8 +179,10 @@ def build_cases(op: str, *, matrix: Optional[str] = None, suite: Optional[str] =
                 feats: Optional[Sequence[int]] = None, spec: Optional[str] = None, dtype: Optional[str] = None,
                 sparsities: Optional[Sequence[float]] = None, blocks: Optional[Sequence[int]] = None,
                 knobs: Tuple[Tuple[str, Any], ...] = (), quick: bool = False, max_rmat: Optional[int] = None,
-                cache_dir=None) -> List[MatrixCases]:
-    """The cases of one ``sparsec bench`` invocation, grouped by matrix."""
+                cache_dir=None, target: Optional[str] = None) -> List[MatrixCases]:
+    """The cases of one ``sparsec bench`` invocation, grouped by matrix. ``spec="auto"``
+    (graphs or a matrix file): each case takes the format sparsec picks for its matrix and
+    width on ``target`` (:func:`auto_spec`)."""
     if op not in ops.LIBRARY:
         raise ValueError(f"op should be one of {sorted(ops.LIBRARY)}, got {op!r}")
     if (matrix is None) == (suite is None):
@@ -182,7 +197,9 @@ def build_cases(op: str, *, matrix: Optional[str] = None, suite: Optional[str] =
         raise ValueError("give either --format or --block (which means --format bsr:BxB)")
     if any(f < 1 for f in feats or ()):
         raise ValueError(f"--feat should be positive, got {list(feats)}")
-    spec = normalize_spec(spec) if spec is not None else None
+    if spec == AUTO and (suite == "blocks" or blocks):
+        raise ValueError("--format auto picks among the formats of a graph or matrix file, not the blocks suite's BSR")
+    spec = normalize_spec(spec) if spec not in (None, AUTO) else spec
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if suite == "blocks":
         dtype = _float_dtype(dtype or "float16")
@@ -207,8 +224,9 @@ def build_cases(op: str, *, matrix: Optional[str] = None, suite: Optional[str] =
             cases = [Case(op, name, f"bsr:{b}x{b}", dtype, f, knobs, suite, b) for b in blocks for f in widths]
         else:
             stats = matrix_stats(m)
-            cases = [Case(op, name, s, dtype, f, knobs, suite, _square_block(s))
-                     for f in widths for s in [spec or default_format_for(op, stats, f)]]
+            pick = (lambda f: auto_spec(op, m, f, target, dtype)) if spec == AUTO else \
+                (lambda f: spec or default_format_for(op, stats, f))
+            cases = [Case(op, name, s, dtype, f, knobs, suite, _square_block(s)) for f in widths for s in [pick(f)]]
         out.append(MatrixCases(name, m, cases))
     return out
 

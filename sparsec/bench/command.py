@@ -19,7 +19,7 @@ def bench_command(args) -> int:
     bench = Bench(args.target, max_reps=args.repeat)  # first: no GPU is the clearest error
     groups = build_cases(args.op, matrix=args.matrix, suite=args.suite, feats=args.feat, spec=args.format,
                          dtype=args.dtype, sparsities=args.sparsity, blocks=args.block, knobs=knobs,
-                         quick=args.quick, max_rmat=args.max_rmat)
+                         quick=args.quick, max_rmat=args.max_rmat, target=args.target)
     bench.run(groups)
     return write_outputs(bench, json_path=args.json, markdown_path=args.markdown, plot_path=args.plot)
 

@@ -17,7 +17,9 @@ def add_parser(sub, common):
                      help="a suite of sparsec.bench.suites (data in $SPARSEC_DATA_DIR, default ~/.cache/sparsec)")
     p.add_argument("--feat", type=positive_int, nargs="+", metavar="N",
                    help="dense widths (default: graphs 32..512, blocks 512..8192, --matrix 64)")
-    p.add_argument("--format", metavar="SPEC", help="sparsec format (default: csr; blocks: bsr:BxB)")
+    p.add_argument("--format", metavar="SPEC", help="sparsec format (default: the rule's per matrix and width; blocks: bsr:BxB); "
+                                                  "'auto': the tuning logs' pick for the matrix, width and target, "
+                                                  "as convert(m, 'auto') makes it")
     p.add_argument("--dtype", help="float32 (default), float16 (default for blocks) or float64")
     p.add_argument("--sparsity", type=fraction, nargs="+", metavar="S", help="blocks: block sparsities to keep")
     p.add_argument("--block", type=positive_int, nargs="+", metavar="B",
