@@ -22,7 +22,7 @@ pick does on other kinds, none of them in any log (the job refuses a name a log 
   generated).
 
 The real ones come from the graphs cache (``fetch.py``); the others from fixed seeds.
-Values are standard-normal draws from a fixed seed, as in ``structured.py``.
+Values are standard-normal draws from fixed seeds, through ``structured.py``'s generator.
 """
 from __future__ import annotations
 
@@ -33,20 +33,18 @@ from typing import Callable, Dict
 import numpy as np
 import scipy.sparse as sp
 
+from structured import rng as _structured_rng, summary, with_values as _structured_values
+
 HERE = Path(__file__).resolve().parent
-SEED = 23
+SALT = 100  # salts of their own: none of structured.py's matrices shares a generator with these
 
 
 def _rng(salt: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64([SEED, salt]))
+    return _structured_rng(SALT + salt)
 
 
 def _with_values(a, salt: int) -> sp.csr_matrix:
-    a = sp.csr_matrix(a, dtype=np.float32)
-    a.sum_duplicates()
-    a.sort_indices()
-    a.data = _rng(salt).standard_normal(a.nnz, dtype=np.float32)
-    return a
+    return _structured_values(a, SALT + salt)
 
 
 def _cached(cache_dir, name: str) -> sp.csr_matrix:
@@ -125,9 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default=str(HERE / "cache"), help="the graphs cache (fetch.py's output)")
     args = ap.parse_args(argv)
     for name, m in matrices(args.cache).items():
-        lens = np.diff(m.indptr)
-        print(f"{name}: {m.shape[0]} x {m.shape[1]}, {m.nnz} nnz, row length mean {lens.mean():.1f} "
-              f"cv {lens.std() / lens.mean():.2f} max {lens.max()}")
+        print(f"{name}: {summary(m)}")
     return 0
 
 

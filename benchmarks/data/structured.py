@@ -35,15 +35,18 @@ DEFAULT_DIR = HERE / "cache" / "structured"
 SEED = 11
 
 
-def _rng(salt: int) -> np.random.Generator:
+def rng(salt: int) -> np.random.Generator:
+    """The generator of one matrix: this module's seed and the matrix's own salt (held-out
+    matrices, ``heldout.py``, take salts of their own)."""
     return np.random.Generator(np.random.PCG64([SEED, salt]))
 
 
-def _with_values(a, salt: int) -> sp.csr_matrix:
+def with_values(a, salt: int) -> sp.csr_matrix:
+    """Canonical float32 CSR of ``a``'s pattern, standard-normal values from :func:`rng`."""
     a = sp.csr_matrix(a, dtype=np.float32)
     a.sum_duplicates()
     a.sort_indices()
-    a.data = _rng(salt).standard_normal(a.nnz, dtype=np.float32)
+    a.data = rng(salt).standard_normal(a.nnz, dtype=np.float32)
     return a
 
 
@@ -56,19 +59,19 @@ def _band(n: int, width: int) -> sp.csr_matrix:
 def grid2d(n: int = 400) -> sp.csr_matrix:
     eye, path = sp.identity(n, format="csr"), _band(n, 1)
     lap = sp.kron(path, eye) + sp.kron(eye, path)  # diagonal counted twice: same pattern
-    return _with_values(lap, 1)
+    return with_values(lap, 1)
 
 
 def grid3d(n: int = 30) -> sp.csr_matrix:
     t = _band(n, 1)
-    return _with_values(sp.kron(sp.kron(t, t), t), 2)
+    return with_values(sp.kron(sp.kron(t, t), t), 2)
 
 
 def regular(rows: int = 100_000, degree: int = 6) -> sp.csr_matrix:
-    g = _rng(3)
+    g = rng(3)
     cols = np.sort(_distinct_columns(g, rows, degree), axis=1)
     indptr = np.arange(0, rows * degree + 1, degree)
-    return _with_values(sp.csr_matrix((np.ones(rows * degree), cols.ravel(), indptr), shape=(rows, rows)), 3)
+    return with_values(sp.csr_matrix((np.ones(rows * degree), cols.ravel(), indptr), shape=(rows, rows)), 3)
 
 
 def _distinct_columns(g: np.random.Generator, rows: int, degree: int) -> np.ndarray:
@@ -85,7 +88,7 @@ def _distinct_columns(g: np.random.Generator, rows: int, degree: int) -> np.ndar
 def geometric(points: int = 80_000, mean_degree: float = 12.0, cells: int = 64) -> sp.csr_matrix:
     from scipy.spatial import cKDTree
 
-    xy = _rng(4).random((points, 2))
+    xy = rng(4).random((points, 2))
     cell = np.minimum((xy * cells).astype(np.int64), cells - 1)
     order = np.lexsort((xy[:, 0], cell[:, 0], cell[:, 1]))  # row-major over cells: neighbours near in id
     xy = xy[order]
@@ -93,14 +96,14 @@ def geometric(points: int = 80_000, mean_degree: float = 12.0, cells: int = 64) 
     pairs = cKDTree(xy).query_pairs(radius, output_type="ndarray")
     i = np.concatenate([pairs[:, 0], pairs[:, 1], np.arange(points)])
     j = np.concatenate([pairs[:, 1], pairs[:, 0], np.arange(points)])
-    return _with_values(sp.csr_matrix((np.ones(i.size), (i, j)), shape=(points, points)), 4)
+    return with_values(sp.csr_matrix((np.ones(i.size), (i, j)), shape=(points, points)), 4)
 
 
 def uniform(rows: int = 60_000, mean_degree: float = 8.0) -> sp.csr_matrix:
-    g = _rng(5)
+    g = rng(5)
     nnz = int(rows * mean_degree)
     i, j = g.integers(0, rows, nnz), g.integers(0, rows, nnz)
-    return _with_values(sp.csr_matrix((np.ones(nnz), (i, j)), shape=(rows, rows)), 5)
+    return with_values(sp.csr_matrix((np.ones(nnz), (i, j)), shape=(rows, rows)), 5)
 
 
 MATRICES: Dict[str, Callable[[], sp.csr_matrix]] = {
@@ -122,15 +125,19 @@ def write_all(directory=DEFAULT_DIR) -> Dict[str, Path]:
     return out
 
 
+def summary(m) -> str:
+    """Shape, entries and row-length statistics of ``m``, one line."""
+    lens = np.diff(m.indptr)
+    return (f"{m.shape[0]} x {m.shape[1]}, {m.nnz} nnz, row length mean {lens.mean():.1f} "
+            f"cv {lens.std() / lens.mean():.2f} max {lens.max()}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=str(DEFAULT_DIR), help="output directory")
     args = ap.parse_args(argv)
     for name, path in write_all(args.dir).items():
-        m = sp.load_npz(path)
-        lens = np.diff(m.indptr)
-        print(f"{name}: {m.shape[0]} rows, {m.nnz} nnz, row length mean {lens.mean():.1f} "
-              f"cv {lens.std() / lens.mean():.2f} max {lens.max()} -> {path}")
+        print(f"{name}: {summary(sp.load_npz(path))} -> {path}")
     return 0
 
 
