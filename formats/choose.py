@@ -15,10 +15,11 @@ Measured on an H200 with CUDA-graph timing (device time; `sparsec bench {spmm,sd
   1.35x), where CSR's lane groups already run full warps. Its rows are cut in pieces of at
   most four entries (buckets 1/2/4): an SDDMM entry is its own output, so a cut costs no
   atomics, only one more read of the row's X, and a lane group walks at most four entries
-  in turn instead of up to 64. Over the graphs suite's 55 hyb cases (F = 32-512, both
-  kinds timed on one tree) that is 1.35x faster than hyb's automatic buckets (geomean),
-  1.0-3.6x on the graphs under 1M entries; on the 1M-30M-entry R-MATs it gives 0.65-0.74x
-  at F = 32 and 0.92-1.27x above, mdual 0.99-1.01x (a refinement left to the SDDMM log).
+  in turn instead of up to 64. Over the graphs suite's 55 hyb cases (F = 32-512; two
+  suite runs on an H200 with the same kernel, one per bucket choice) that is 1.35x faster
+  than hyb's automatic buckets (geomean), 1.0-3.6x on the graphs under 1M entries; on the
+  1M-30M-entry R-MATs it gives 0.65-0.74x at F = 32 and 0.92-1.27x above, mdual
+  0.99-1.01x (a refinement left to the SDDMM log).
 
 The tuner (issue 5) refines this per matrix.
 """
