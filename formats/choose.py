@@ -26,7 +26,8 @@ The tuner (issue 5) refines this per matrix.
 from __future__ import annotations
 
 import warnings
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from .stats import row_stats  # noqa: F401  (the statistics default_format reads; callers import it from here)
@@ -63,6 +64,27 @@ def default_format(op: str, stats: Dict[str, float], feat: Optional[int] = None)
 # imports it. A picker is called as pick(matrix, op, feat, target, dtype) and returns
 # (family spec, format knobs, source) or None where it has nothing to say.
 PICKERS = "sparsec.format_pickers"
+CHECKOUT_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def pickers() -> list:
+    """The registered pickers; where sparsec runs from a source checkout that was never
+    installed (PYTHONPATH only: no package metadata, so no entry points), the ones its
+    pyproject.toml declares. Why: without this, "auto" silently fell back to the rule on
+    such a checkout (it did on the GPU host, whose sparsec is a copied tree)."""
+    found = list(entry_points(group=PICKERS))
+    if found or not CHECKOUT_PYPROJECT.is_file():
+        return found
+    try:
+        version("sparsec")
+        return found  # installed: its metadata is the truth, even if it registers none
+    except PackageNotFoundError:
+        pass
+    import tomllib
+
+    with open(CHECKOUT_PYPROJECT, "rb") as f:
+        declared = tomllib.load(f).get("project", {}).get("entry-points", {}).get(PICKERS, {})
+    return [EntryPoint(name=name, value=value, group=PICKERS) for name, value in declared.items()]
 AUTO_KEYWORDS = ("op", "feat", "target")  # what convert(m, "auto") reads besides dtype
 
 
@@ -75,7 +97,7 @@ def auto_format(matrix, op: str = "spmm", feat: Optional[int] = None, target: Op
     that fails otherwise warns, and the rule answers."""
     from .convert import as_csr
 
-    for ep in entry_points(group=PICKERS):
+    for ep in pickers():
         try:
             pick = ep.load()
         except ImportError:

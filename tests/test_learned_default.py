@@ -189,6 +189,25 @@ def test_convert_auto_takes_the_logs_pick_and_says_whose(graph, monkeypatch, tmp
     assert convert(graph, "auto", feat=32, target=TARGET, dtype="float16").value_dtype == "float16"
 
 
+def test_an_uninstalled_checkout_still_reaches_the_learned_picker(monkeypatch):
+    """A tree on PYTHONPATH has no package metadata, so no entry points: the pickers come from
+    its pyproject.toml (before, "auto" silently took the rule there); an installed sparsec
+    that registers none keeps none."""
+    from importlib.metadata import PackageNotFoundError
+
+    from sparsec.formats import choose
+
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(choose, "entry_points", lambda group: [])
+    monkeypatch.setattr(choose, "version", not_installed)
+    assert [(ep.name, ep.value) for ep in choose.pickers()] == [("learned", "sparsec.tune.apply:auto_format_pick")]
+    assert choose.pickers()[0].load() is apply.auto_format_pick
+    monkeypatch.setattr(choose, "version", lambda name: "0.1.0")
+    assert choose.pickers() == []
+
+
 def test_convert_auto_warns_and_takes_the_rule_when_the_picker_fails(graph, monkeypatch, tmp_path):
     _shipped(monkeypatch, tmp_path)
 
