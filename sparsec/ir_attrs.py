@@ -19,3 +19,20 @@ def sync_words(positions: int, splits: int) -> int:
     per group of rows, a call count per thread block."""
     groups = -(-max(int(positions), 1) // SYNC_ROWS)
     return (2 + int(splits)) * groups
+
+# A kernel parameter listing the output rows a composite's fill must set (``lower.fill_rows``):
+# the rows that none of the parts named in its suffix stores (``fill_rows_p0_1_2``: parts 0, 1
+# and 2 own their rows). The runtime makes it from the matrix instance (``sparsec.tc_operands``).
+FILL_ROWS_PREFIX = "fill_rows_p"
+
+
+def fill_rows_name(parts) -> str:
+    return FILL_ROWS_PREFIX + "_".join(str(int(k)) for k in parts)
+
+
+def fill_rows_parts(name: str):
+    """The parts a ``fill_rows_name`` lists, or None for any other name."""
+    if not name.startswith(FILL_ROWS_PREFIX):
+        return None
+    tail = name[len(FILL_ROWS_PREFIX):].split("_")
+    return tuple(int(k) for k in tail) if tail and all(k.isdigit() for k in tail) else None

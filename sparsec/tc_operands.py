@@ -21,7 +21,7 @@ from typing import Dict, Sequence
 import numpy as np
 
 from .formats.packed import CACHE, GATHER, SP24, gather_operands, sp24_operands
-from .ir_attrs import SYNC_PREFIX, sync_words
+from .ir_attrs import SYNC_PREFIX, fill_rows_name, fill_rows_parts, sync_words
 
 PACKERS = {**{n: sp24_operands for n in SP24}, **{n: gather_operands for n in GATHER}}
 
@@ -35,7 +35,25 @@ def _positions(inst) -> int:
     return max(int(np.prod(inst.shape[:-1])), int(longest))
 
 
+def fill_rows(inst, parts) -> Dict[str, np.ndarray]:
+    """The rows of ``inst`` that none of its ``parts`` stores an entry in, ascending: the rows
+    a fill over listed rows must set (``lower.fill_rows``)."""
+    name = fill_rows_name(parts)
+    members = getattr(inst, "parts", None)
+    if members is None or max(parts) >= len(members):
+        raise ValueError(f"this kernel reads {name}, the rows none of parts {list(parts)} of a composite stores; "
+                         f"a matrix in format {inst.format.spec} has no such parts")
+    covered = np.zeros(int(inst.shape[0]), dtype=bool)
+    for k in parts:
+        rows = members[k].stored_coords()[0]
+        covered[rows[rows >= 0]] = True
+    return {name: np.flatnonzero(~covered).astype(np.int32)}
+
+
 def _packer(name: str, inst=None):
+    parts = fill_rows_parts(name)
+    if parts is not None:
+        return lambda inst: fill_rows(inst, parts)
     if name.startswith(SYNC_PREFIX) and name[len(SYNC_PREFIX):].isdigit():
         splits = int(name[len(SYNC_PREFIX):])
         return lambda inst: {name: np.zeros(sync_words(_positions(inst), splits), dtype=np.int32)}

@@ -191,6 +191,7 @@ _OPERATORS: Dict[str, Operator] = {}  # name -> the definition first launched un
 # key -> (weak reference to the values tensor, its version, {name: device tensor}): the
 # packed Tensor Core operands (``sparsec.tc_operands``) a kernel reads instead of the values
 _PACKED: Dict[str, tuple] = {}
+_PATTERN_ARRAYS: Dict[tuple, dict] = {}  # (key, device) -> arrays made from the pattern alone (a fill's rows)
 
 
 def packed_operand(key: str, name: str, values: torch.Tensor) -> torch.Tensor:
@@ -200,8 +201,17 @@ def packed_operand(key: str, name: str, values: torch.Tensor) -> torch.Tensor:
     and packed again whenever that tensor changes (another tensor, or written in place)."""
     import numpy as np
 
+    from .ir_attrs import fill_rows_parts
     from .tc_operands import packed_operands
 
+    if fill_rows_parts(name) is not None:  # made from the pattern alone: once per matrix and device
+        rows = _PATTERN_ARRAYS.setdefault((key, str(values.device)), {})
+        if name not in rows:
+            listed = packed_operands(MATRICES[key], [name])[name]
+            # an empty list as a fresh tensor: from_numpy gives it stride 0, which TVM refuses as not compact
+            t = torch.from_numpy(listed) if listed.size else torch.empty(0, dtype=torch.int32)
+            rows[name] = t.to(values.device)
+        return rows[name]
     cached = _PACKED.get(key)
     if cached is None or cached[0]() is not values or cached[1] != values._version:
         cached = (weakref.ref(values), values._version, {})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Tuple
 
 from ..dtypes import DtypeSpec
+from ..ir_attrs import fill_rows_parts
 from ..expr import (BinOp, Call, Const, Expr, Let, Load, Select, Var, cast, simplify_add, simplify_mul, transform,
                     unpack_int4, walk)
 from .lookup import Lookup, expand_lookup
@@ -196,6 +197,11 @@ def flatten(prog: PositionProgram, spec: DtypeSpec) -> FlatProgram:
                 buffers.append(BufferDecl(fa.indices, (axis_total(chain, i),), INDEX_DTYPE, "index"))
         if part.slot_mask and part.slot_mask in read:  # only kernels that guard on it take it
             buffers.append(BufferDecl(part.slot_mask, (axis_total(chain, len(chain) - 1),), MASK_DTYPE, "index"))
+    listed = [n.buffer for nest in nests for n in walk(nest.target)
+              if isinstance(n, Load) and fill_rows_parts(n.buffer) is not None]
+    for name in dict.fromkeys(listed):  # a fill over listed rows (lower.fill_rows): sized by its array
+        buffers.append(BufferDecl(name, (Var(f"n_{name}"),), INDEX_DTYPE, "index"))
+        size_vars.append(f"n_{name}")
     if bound.composite:
         n_slots = Var("slots")
         size_vars.append("slots")

@@ -20,6 +20,7 @@ from .bind import BoundOperator, bind, check_params
 from .emit import emit_script
 from .flatten import FlatProgram, flatten
 from .fold_epilogue import fold_epilogues
+from .fill_rows import restrict_fills
 from . import fuse_fill
 from .positions import PositionProgram, lower_positions
 from ..lazy_module import lazy
@@ -76,7 +77,7 @@ def bind_stage(op: Operator, ctx: LowerContext) -> BoundOperator:
 def positions_stage(bound: BoundOperator, ctx: LowerContext) -> PositionProgram:
     """Stage II: loops in position space, guards for padding and edges; an added term after a
     shared-row sum becomes the value its fill starts from (``fold_epilogue``)."""
-    return fold_epilogues(lower_positions(bound))
+    return restrict_fills(fold_epilogues(lower_positions(bound)))
 
 
 def flat_stage(prog: PositionProgram, ctx: LowerContext) -> FlatProgram:
