@@ -261,6 +261,27 @@ def test_a_matrix_far_beyond_the_logged_ones_gets_the_rule_and_says_why(monkeypa
     assert apply.outside_range(apply._log_knowledge(SHIPPED)[1], {"rows": 10, "nnz": 10, "row_len_max": 1}) is None
 
 
+def test_rows_far_more_even_than_any_logged_get_the_rule(monkeypatch, tmp_path):
+    """The shipped SDDMM log holds skewed graphs only (row-length CV >= 1): a mesh, whose rows
+    are far more even, is outside its model's range and convert(m, "auto") takes the rule
+    (CSR for long even rows); the SpMM log, which holds meshes, keeps answering."""
+    from sparsec.tune import apply
+
+    _shipped(monkeypatch, tmp_path)
+    sddmm_log = SHIPPED.replace("spmm_", "sddmm_")
+    lo = apply._log_knowledge(sddmm_log)[1].meta["matrix_range"]["row_len_cv"][0]
+    assert lo > 0.5
+    n, width = 4000, 12  # a banded mesh-like matrix: every row 12 entries, CV 0
+    rows = np.repeat(np.arange(n), width)
+    cols = (rows + np.tile(np.arange(width) - width // 2, n)) % n
+    m = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(n, n))
+    why = apply.outside_range(apply._log_knowledge(sddmm_log)[1], {"row_len_cv": 0.0, "rows": n})
+    assert why.startswith("the matrix is outside the cost model's range (row_len_cv 0")
+    inst = convert(m, "auto", op="sddmm", feat=32, target=TARGET)
+    assert inst.format_source == "default" and inst.format.name == "csr"
+    assert apply.outside_range(apply._log_knowledge(SHIPPED)[1], {"row_len_cv": 0.0}) is None
+
+
 def test_bench_format_auto_runs_what_convert_auto_picks(graph, monkeypatch, tmp_path):
     """``sparsec bench --format auto`` / ``run_suite.py --auto``: each case names the format
     convert(m, "auto") takes for its matrix, width and target (the log's pick, its knobs

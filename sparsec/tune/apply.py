@@ -305,7 +305,7 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
         narrow = space(keys)
         fits = any(config_key(c) in keys for c in narrow.candidates)
         return zero_shot_pick(model, narrow if fits else space(), ctx, records), "model"
-    return space().default, "default"
+    return space(()).default, "default"  # the default alone: no knob product enumerated (1.0 -> 0.3 s at 4M entries)
 
 
 def log_digest(log: str) -> str:
@@ -356,8 +356,14 @@ def fit_log_model(log: str, records=None):
 # sizes and row lengths (where caches and long rows change what is fast) their ranking says
 # nothing, and the rule answers instead. Below the span, matrices are small and launch-bound,
 # as the smallest logged ones are: the model keeps them
-RANGE_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_max")
+RANGE_STATS = ("rows", "cols", "nnz", "row_len_mean", "row_len_max", "row_len_cv")
 RANGE_MARGIN = 4.0
+# ... and below it, for the spread of row lengths: a model fitted on skewed graphs alone has
+# never seen a mesh. Measured (benchmarks/results/learned_vs_rule_default_H200.json): the
+# SDDMM log's graphs have row-length CV >= 1.13, and on copter2 (CV 0.33) its pick ran at
+# 0.73-0.91x of the rule's CSR at every width. A matrix whose CV is under the smallest logged
+# divided by this margin gets the rule
+CV_MARGIN = 2.0
 
 
 def matrix_range(records) -> Dict[str, List[float]]:
@@ -376,7 +382,8 @@ def matrix_range(records) -> Dict[str, List[float]]:
 
 def outside_range(model, stats) -> Optional[str]:
     """Why the matrix with ``stats`` is outside the range of matrices ``model`` was fitted
-    on (a statistic more than ``RANGE_MARGIN`` times above the largest logged), else None
+    on (a statistic more than ``RANGE_MARGIN`` times above the largest logged, or row lengths
+    ``CV_MARGIN`` times more even than the most even logged), else None
     (also for a model saved without its range)."""
     span = model.meta.get("matrix_range") if model is not None else None
     if not isinstance(span, dict):
@@ -385,7 +392,12 @@ def outside_range(model, stats) -> Optional[str]:
         v, bounds = stats.get(name), span.get(name)
         if not isinstance(v, numbers.Real) or not isinstance(bounds, list) or len(bounds) != 2:
             continue
-        hi = bounds[1]
+        lo, hi = bounds
+        if name == "row_len_cv":
+            if v < lo / CV_MARGIN:
+                return (f"the matrix is outside the cost model's range (row_len_cv {v:.3g}: rows more regular than "
+                        f"{1 / CV_MARGIN:g}x the most regular logged, {lo:.3g})")
+            continue
         if v > hi * RANGE_MARGIN:
             return (f"the matrix is outside the cost model's range ({name} {v:g}, over {RANGE_MARGIN:g}x the "
                     f"largest logged, {hi:g})")
