@@ -361,7 +361,7 @@ RANGE_MARGIN = 4.0
 # ... and below it, for the spread of row lengths: a model fitted on skewed graphs alone has
 # never seen a mesh. Measured (benchmarks/results/learned_vs_rule_default_H200.json): the
 # SDDMM log's graphs have row-length CV >= 1.13, and on copter2 (CV 0.33) its pick ran at
-# 0.73-0.91x of the rule's CSR at every width. A matrix whose CV is under the smallest logged
+# 0.73-0.96x of the rule's CSR at every width. A matrix whose CV is under the smallest logged
 # divided by this margin gets the rule
 CV_MARGIN = 2.0
 
