@@ -64,6 +64,7 @@ def default_format(op: str, stats: Dict[str, float], feat: Optional[int] = None)
 # imports it. A picker is called as pick(matrix, op, feat, target, dtype) and returns
 # (family spec, format knobs, source) or None where it has nothing to say.
 PICKERS = "sparsec.format_pickers"
+AUTO_KEYWORDS = ("op", "feat", "target")  # what convert(m, "auto") reads besides dtype
 CHECKOUT_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
@@ -85,7 +86,6 @@ def pickers() -> list:
     with open(CHECKOUT_PYPROJECT, "rb") as f:
         declared = tomllib.load(f).get("project", {}).get("entry-points", {}).get(PICKERS, {})
     return [EntryPoint(name=name, value=value, group=PICKERS) for name, value in declared.items()]
-AUTO_KEYWORDS = ("op", "feat", "target")  # what convert(m, "auto") reads besides dtype
 
 
 def auto_format(matrix, op: str = "spmm", feat: Optional[int] = None, target: Optional[str] = None,

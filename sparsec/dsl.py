@@ -64,7 +64,7 @@ __all__ = [
 # names of the emitted TVMScript (its namespace T, sizes, loop and block iterators) that a
 # buffer name would shadow
 RESERVED_NAMES = ("T", "rows", "cols", "slots")
-RESERVED_PREFIXES = ("n_", "nnz_", "off_p", "l_", "v_")
+RESERVED_PREFIXES = ("n_", "nnz_", "off_p", "l_", "v_", "fill_rows_p")
 
 
 @dataclass(frozen=True, eq=False)

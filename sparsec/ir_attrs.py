@@ -20,6 +20,7 @@ def sync_words(positions: int, splits: int) -> int:
     groups = -(-max(int(positions), 1) // SYNC_ROWS)
     return (2 + int(splits)) * groups
 
+
 # A kernel parameter listing the output rows a composite's fill must set (``lower.fill_rows``):
 # the rows that none of the parts named in its suffix stores (``fill_rows_p0_1_2``: parts 0, 1
 # and 2 own their rows). The runtime makes it from the matrix instance (``sparsec.tc_operands``).
@@ -27,6 +28,7 @@ FILL_ROWS_PREFIX = "fill_rows_p"
 
 
 def fill_rows_name(parts) -> str:
+    """The row list's parameter name for a kernel whose parts ``parts`` store their rows."""
     return FILL_ROWS_PREFIX + "_".join(str(int(k)) for k in parts)
 
 

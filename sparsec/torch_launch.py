@@ -205,7 +205,10 @@ def packed_operand(key: str, name: str, values: torch.Tensor) -> torch.Tensor:
     from .tc_operands import packed_operands
 
     if fill_rows_parts(name) is not None:  # made from the pattern alone: once per matrix and device
-        rows = _PATTERN_ARRAYS.setdefault((key, str(values.device)), {})
+        slot = (key, str(values.device))
+        if slot not in _PATTERN_ARRAYS:  # freed with the matrix, as its other device arrays are
+            weakref.finalize(MATRICES[key], _PATTERN_ARRAYS.pop, slot, None)
+        rows = _PATTERN_ARRAYS.setdefault(slot, {})
         if name not in rows:
             listed = packed_operands(MATRICES[key], [name])[name]
             # an empty list as a fresh tensor: from_numpy gives it stride 0, which TVM refuses as not compact

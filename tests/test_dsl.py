@@ -282,7 +282,7 @@ def test_sparse_temp_off_the_structure():
         op.sparse_temp("E", (I, K))
 
 
-@pytest.mark.parametrize("name", ["T", "rows", "n_i", "v_j"])
+@pytest.mark.parametrize("name", ["T", "rows", "n_i", "v_j", "fill_rows_p0_1"])
 def test_reserved_buffer_name(name):
     op, I, J = _structure()
     with pytest.raises(ValueError, match=rf"buffer name '{name}' is reserved"):

@@ -137,3 +137,19 @@ def test_an_empty_row_list_is_handed_over_too():
 
     got = st.spmm(st.SparseTensor(m, "hyb:1:1/2/4"), torch.from_numpy(B))
     np.testing.assert_allclose(got.double().numpy(), m.astype(np.float64) @ B.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_sparsec_torch_frees_the_row_list_with_its_matrix():
+    torch = pytest.importorskip("torch")
+    import gc
+
+    import sparsec.torch as st
+    from sparsec import torch_launch
+
+    A = st.SparseTensor(skewed(seed=11), "hyb:1:1/2/4/8")
+    st.spmm(A, torch.randn(A.shape[1], FEAT))
+    held = [slot for slot in torch_launch._PATTERN_ARRAYS if slot[0] == A.key]
+    assert held
+    del A
+    gc.collect()
+    assert not any(slot in torch_launch._PATTERN_ARRAYS for slot in held)
