@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""The streaming Tensor Core SpMM for BSR weights at few columns of B
-(``schedules/bsr_stream.py``), reached through ``sparsec.compile``, against float64 on the
-GPU host.
+"""The Tensor Core SpMM kernels for BSR weights at few columns of B (``schedules/bsr_stream.py``,
+``--kernel ring``: ``schedules/bsr_ring.py``), reached through ``sparsec.compile``, against
+float64 on the GPU host.
 
-    python3 benchmarks/check_bsr_stream.py [--out FILE]
+    python3 benchmarks/check_bsr_stream.py [--kernel stream|ring] [--out FILE]
 
 Each case converts a float16 weight to ``bsr:RxC``, compiles the library ``spmm`` for it
 (the kernel ``sparsec.compile`` picks, with the knobs given or its defaults; the check fails
-if it is not ``bsr_stream``), calls it twice on a NaN-poisoned output and compares with the
+if it is not the kernel asked for), calls it twice on a NaN-poisoned output and compares with the
 float64 product of the logical weight. Weights: odd sizes at 70 / 90 % block sparsity, an
 empty one, a single block row holding every block column (its walk crosses windows of 32
 blocks and, with a small ``bk``, many phases of B) among empty rows, explicit zeros stored
 in a block, a dense one, blocks of 16 to 64 rows and 16 to 64 columns, and the MiniLM layers
-where cached; N = 1, 5, 8, 16, 20, 33, 64; every knob value at least once. Writes
-``$OUT/check_bsr_stream.json``; prints a table last; exits 1 on any wrong result.
+where cached; N = 1, 5, 8, 16, 20, 33, 64 (the ring kernel: multiples of 8, and its blocks
+of 16, 32 or 64 rows); every knob value at least once. Writes
+``$OUT/check_bsr_<kernel>.json``; prints a table last; exits 1 on any wrong result.
 """
 from __future__ import annotations
 
@@ -75,11 +76,21 @@ def weights(rng):
 
 
 # (N, knobs) run on every weight: each knob value at least once, odd N, non-vector B (N % 8)
-SETTINGS = [
+STREAM_SETTINGS = [
     (16, {}), (1, {}), (5, {"nb": 8, "cluster": 1}), (8, {"nb": 8, "stages": 2, "warps": 2}),
     (20, {"nb": 32, "cluster": 2, "bk": 4}), (33, {"nb": 64, "warps": 4, "stages": 3, "cluster": 4}),
     (64, {}), (64, {"nb": 16, "cluster": 8, "bk": 8, "stages": 6}), (16, {"bk": 16, "warps": 4, "cluster": 1}),
 ]
+RING_SETTINGS = [
+    (16, {}), (64, {}), (8, {"cluster": 1, "per_stage": 1, "stages": 2}), (24, {"cluster": 2, "per_stage": 4}),
+    (40, {"cluster": 8, "stages": 8, "per_stage": 2}), (64, {"col_split": 4, "cluster": 4, "per_stage": 1}),
+    (64, {"col_split": 2, "warps": 8, "per_stage": 4, "stages": 8}), (32, {"warps": 1, "col_split": 1}),
+    (16, {"warps": 2, "cluster": 1, "per_stage": 4}),
+]
+KERNELS = {  # --kernel: (its settings, its module, how its CUDA source and knobs show it)
+    "stream": (STREAM_SETTINGS, "bsr_stream", lambda src, knobs: "__ballot_sync" in src and "bk" in knobs),
+    "ring": (RING_SETTINGS, "bsr_ring", lambda src, knobs: "mbarrier" in src and "per_stage" in knobs),
+}
 
 
 def main() -> int:
@@ -89,27 +100,38 @@ def main() -> int:
     from sparsec import formats
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernel", choices=sorted(KERNELS), default="stream")
     ap.add_argument("--out")
     args = ap.parse_args()
     rng = np.random.default_rng(11)
-    from sparsec.schedules import bsr_stream
+    import importlib
+
+    settings, module, shows = KERNELS[args.kernel]
+    kernel_mod = importlib.import_module(f"sparsec.schedules.{module}")
 
     rows, t0, built = [], time.perf_counter(), {}
     for name, w, block in weights(rng):
         logical = (w.toarray() if sp.issparse(w) else w).astype(np.float16).astype(np.float64)
         A = formats.convert(w.astype(np.float16) if not sp.issparse(w) else w.astype(np.float32),
                             f"bsr:{block[0]}x{block[1]}", dtype="float16")
-        for N, knobs in SETTINGS:
+        for N, knobs in settings:
+            if args.kernel == "ring" and not kernel_mod.takes(block, N):
+                continue
             rec = {"case": name, "block": list(block), "N": N, "knobs": knobs}
             try:
                 density = A.nnz / max(A.shape[0] * A.shape[1], 1)
-                full = {**bsr_stream.default_knobs(block, N, A.shape[0], A.shape[1], density), **knobs}
+                full = {**kernel_mod.default_knobs(block, N, A.shape[0], A.shape[1], density), **knobs}
+                try:
+                    kernel_mod.plan(block, N, **full)
+                except ValueError as e:  # a setting this block cannot take: its refusal is the result
+                    print(f"skip {name} N={N} {full}: {e}", flush=True)
+                    continue
                 key = (block, N, tuple(sorted(full.items())))  # a kernel runs on every matrix of its format
                 if key not in built:
                     built[key] = sparsec.compile("spmm", A, target="cuda", feat=N, knobs=full)
                 k = built[key]
                 rec["used"] = k.knobs
-                rec["kernel"] = "bsr_stream" if "__ballot_sync" in k.source() and "cluster" in k.knobs else "other"
+                rec["kernel"] = module if shows(k.source(), k.knobs) else "other"
                 X = torch.from_numpy(rng.standard_normal((A.shape[1], N)).astype(np.float16)).cuda()
                 ref = logical @ X.cpu().numpy().astype(np.float64)
                 errs = []
@@ -122,7 +144,7 @@ def main() -> int:
                     if not np.isfinite(got).all():
                         errs[-1] = float("inf")
                 rec["err"] = max(errs)
-                rec["ok"] = rec["err"] < TOL and rec["kernel"] == "bsr_stream"
+                rec["ok"] = rec["err"] < TOL and rec["kernel"] == module
             except Exception as e:  # noqa: BLE001  (a failure is a result: recorded, not fatal)
                 rec.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
             rows.append(rec)
@@ -130,9 +152,10 @@ def main() -> int:
                   f"err={rec.get('err', rec.get('error'))}", flush=True)
     bad = [r for r in rows if not r["ok"]]
     result = {"device": torch.cuda.get_device_name(), "checks": len(rows), "wrong": len(bad), "rows": rows,
-              "seconds": time.perf_counter() - t0, "command": "python3 benchmarks/check_bsr_stream.py"}
+              "seconds": time.perf_counter() - t0,
+              "command": f"python3 benchmarks/check_bsr_stream.py --kernel {args.kernel}"}
     for path in filter(None, (args.out, os.environ.get("OUT") and os.path.join(os.environ["OUT"],
-                                                                                "check_bsr_stream.json"))):
+                                                                                f"check_bsr_{args.kernel}.json"))):
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
     print(f"\n{result['device']}: {len(rows) - len(bad)}/{len(rows)} checks ok, max error "

@@ -1,9 +1,10 @@
 """BSR fp16 SpMM at few feature columns (16, 64) against dense cuBLAS fp16, on the blocks
 suite (MiniLM layers when cached, random 4096 x 4096 and 1024 x 4096; blocks 16/32/64 at
 70/90/95 %) and the BERT-base-sized 768 x 3072 weight: the kernel ``sparsec.compile``
-picks (``bsr_stream`` up to 64 columns) with its default knobs, and with ``--sweep`` a knob
-sweep over every case (the streaming kernel's warps, cluster sizes, columns a CTA and
-pipeline depths). Every result is checked against
+picks (``bsr_ring``, ``bsr_stream`` or the block-row template) with its default knobs, and
+with ``--sweep`` a knob sweep over every case (``bsr_ring``'s warps, stages, blocks a stage,
+clusters and column splits; the streaming kernel's warps, cluster sizes, columns a CTA and
+pipeline depths at other widths). Every result is checked against
 float64 on a NaN-poisoned output first. Timed with sparsec.bench's timer (CUDA-graph
 replays), sparsec and ``torch.matmul`` side by side.
 
@@ -26,14 +27,29 @@ from _helpers import make_timed  # noqa: E402
 
 
 def sweep_knobs(bs: int, feat: int):
-    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns. Up to
-    ``bsr_stream.MAX_FEAT`` columns (the streaming kernel): warps and cluster sizes around
+    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns. Where ``bsr_ring``
+    takes them (a multiple of 8 columns up to 64): its consumer warps, stages x blocks a
+    stage, cluster sizes and column splits (the grid ``probe_bsr_bulk.py`` timed). Other
+    widths up to ``bsr_stream.MAX_FEAT`` columns (the streaming kernel): warps and cluster sizes around
     the default, and two pipeline depths. Wider (the block-row template): narrow N tiles
     (more thread blocks), two pipeline depths and every ``k_split`` (warp groups that share
     a block row's blocks), those the template accepts."""
-    from sparsec.schedules import bsr_stream
+    from sparsec.schedules import bsr_ring, bsr_stream
     from sparsec.schedules import tensorcore as tc
 
+    if bsr_ring.takes((bs, bs), feat):  # the producer/consumer kernel: the probe's grid
+        mt = bs // 16
+        out = []
+        for warps, (per_stage, stages), cluster, col_split in itertools.product(
+                (mt, 2 * mt, 4 * mt), ((1, 4), (1, 8), (2, 4), (4, 4)), (1, 2, 4), (1, 2)):
+            knobs = {"warps": warps, "stages": stages, "cluster": cluster, "per_stage": per_stage,
+                     "col_split": col_split}
+            try:
+                bsr_ring.plan((bs, bs), feat, **knobs)
+            except ValueError:
+                continue
+            out.append(knobs)
+        return out
     if feat <= bsr_stream.MAX_FEAT:
         nb = next(n for n in (8, 16, 32, 64) if n >= feat)
         nbs = (nb, nb // 2) if nb >= 32 else (nb,)  # half the columns a CTA: twice the CTAs
@@ -150,13 +166,15 @@ def main():
                   f"x{dense_ms / ms:.2f} {k.knobs}", flush=True)
     sweep = []
     if args.sweep:  # each knob set completed for each case's shape, compiled once, checked on its first case
-        from sparsec.schedules import bsr_stream
+        from sparsec.schedules import bsr_ring, bsr_stream
 
         built = {}
         for (name, dense, b), feat in itertools.product(suite_cases(args.quick, args.cases), args.feats):
             A = formats.convert(dense, f"bsr:{b}x{b}")
             for knobs in sweep_knobs(b, feat):
-                if feat <= bsr_stream.MAX_FEAT:  # the knobs not swept follow the case, as sparsec.compile's do
+                if bsr_ring.takes((b, b), feat):  # complete as sparsec.compile would (all swept: none left)
+                    knobs = bsr_ring.default_knobs((b, b), feat, *dense.shape, A.nnz / dense.size, fixed=knobs)
+                elif feat <= bsr_stream.MAX_FEAT:  # the knobs not swept follow the case, as sparsec.compile's do
                     knobs = bsr_stream.default_knobs((b, b), feat, *dense.shape, A.nnz / dense.size, fixed=knobs)
                 key = (b, feat, json.dumps(knobs, sort_keys=True))
                 first = key not in built

@@ -39,12 +39,12 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Op
     template's ``n_tile``, a CUDA-core knob that keeps an SDDMM off Tensor Cores);
     ``shape`` and ``density`` (stored entries per element) of the matrix a kernel is
     compiled for, where they decide it as they do in ``sparsec.compile`` (BSR float16 at few
-    columns: the streaming kernel or the block-row template)."""
+    columns: ``bsr_ring``, ``bsr_stream`` or the block-row template)."""
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
     packed = tensorcore_packed.match(program, target_kind, shape=shape, density=density)
     if packed is not None and not tensorcore_packed.defers(packed, knobs):
-        return [Use(tensorcore_packed.transformation_for(packed), (ANY,), (program,))]
+        return [Use(tensorcore_packed.transformation_for(packed, knobs), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]
     if tensorcore_sddmm.applies(program, target_kind, knobs):

@@ -20,11 +20,55 @@ from types import SimpleNamespace
 PAD = 8  # halves added to a row of a dense tile and of B's stage (16 bytes: ldmatrix rows in distinct banks)
 
 
-def macros(p) -> SimpleNamespace:
-    """The shared macros of a streaming kernel with plan ``p`` (see the module docstring)."""
+def sum_share(red: int, S: int, threads: int) -> int:
+    """Elements of a ``red``-float partial tile one thread of a CTA sums in a cluster of ``S``."""
+    return -(-(-(-red // S)) // threads)
+
+
+def cluster_sum(red: int, nb: int, feat: int, threads: int, S: int):
+    """The macro ``sum_cluster(C, Red, mapped, sums, rank, row0, n0, tid)``: every CTA of the
+    cluster holds a ``red``-float partial tile (rows of ``nb`` floats) where ``Red`` (a
+    shared buffer of any type) starts; CTA ``rank`` adds its share of the elements across the cluster (distributed
+    shared memory) and stores them to C from row ``row0``, column ``n0`` (columns past
+    ``feat`` and rows past C's skipped). Barriers before (partials written) and after (no
+    CTA leaves while another reads its tile)."""
     from tvm.ir import PointerType, PrimType
     from tvm.script import tirx as T
     from tvm.tirx import Var
+
+    share = -(-red // S)  # elements of the partial tile a CTA of the cluster sums
+    sum_each = sum_share(red, S, threads)  # of them, a thread's
+    NT = threads
+
+    @T.macro
+    def sum_cluster(C, Red, mapped, sums, rank, row0, n0, tid):
+        T.ptx.barrier.cluster.arrive()
+        T.ptx.barrier.cluster.wait()
+        for i in T.unroll(sum_each):
+            sums[i] = T.float32(0)
+        for q in range(S):  # a loop TVM keeps: the remote views are bound inside it
+            T.evaluate(T.ptx.mapa.u64(mapped[0], Red.access_ptr("r"), T.Cast("uint32", q)))  # Red's base in CTA q
+            remote_ptr = Var("remote_red", PointerType(PrimType("float32"), "shared"))
+            T.Bind(T.reinterpret(PointerType(PrimType("float32"), "shared"), mapped[0]), var=remote_ptr)
+            remote = T.decl_buffer((red,), "float32", data=remote_ptr, scope="shared")
+            for i in T.unroll(sum_each):
+                if T.And(i * NT + tid < share, rank * share + i * NT + tid < red):
+                    sums[i] = sums[i] + remote[rank * share + i * NT + tid]
+        for i in T.unroll(sum_each):
+            e = T.meta_var(rank * share + i * NT + tid)
+            row = T.meta_var(row0 + e // nb)
+            col = T.meta_var(n0 + e % nb)
+            if T.And(T.And(i * NT + tid < share, e < red), T.And(row < C.shape[0], col < feat)):
+                C[row, col] = sums[i]
+        T.ptx.barrier.cluster.arrive()
+        T.ptx.barrier.cluster.wait()
+
+    return sum_cluster
+
+
+def macros(p) -> SimpleNamespace:
+    """The shared macros of a streaming kernel with plan ``p`` (see the module docstring)."""
+    from tvm.script import tirx as T
 
     feat, nb, nt, mt, TR, AP, BP, NT, S = p.feat, p.nb, p.nt, p.mt, p.TR, p.apitch, p.bpitch, p.threads, p.S
     cp = T.ptx["cp.async.cg.shared.global"]
@@ -37,8 +81,7 @@ def macros(p) -> SimpleNamespace:
     def b_chunks(rows):
         """Copies (16-byte chunks, or halves with "reg") of ``rows`` rows of B's stage."""
         return {"vec": rows * (nb // 8), "raw": (rows * feat + 7) // 8, "reg": rows * nb}[p.bmode]
-    share = -(-p.red // S)  # elements of the partial tile a CTA of the cluster sums
-    sum_each = -(-share // NT)  # of them, a thread's
+    sum_each = sum_share(p.red, S, NT)
 
     def syncwarp():
         return T.evaluate(T.call_extern("void", "__syncwarp", full))
@@ -114,6 +157,8 @@ def macros(p) -> SimpleNamespace:
                         if row < C.shape[0] and col < feat:
                             C[row, col] = acc[(m * nt + n) * 4 + h * 2 + e]
 
+    sum_cluster = cluster_sum(p.red, nb, feat, NT, S)
+
     @T.macro
     def reduce_cluster(C, Red, Vs, acc, mapped, sums, rank, row0, n0, w, tx, tid):
         """The cluster's partial tiles summed: each CTA's in its shared memory (``Red``, over
@@ -125,26 +170,7 @@ def macros(p) -> SimpleNamespace:
                     for e in T.unroll(2):
                         Red[(w * TR + m * 16 + tx // 4 + h * 8) * nb + n * 8 + tx % 4 * 2 + e] = \
                             acc[(m * nt + n) * 4 + h * 2 + e]
-        T.ptx.barrier.cluster.arrive()
-        T.ptx.barrier.cluster.wait()
-        for i in T.unroll(sum_each):
-            sums[i] = T.float32(0)
-        for q in range(S):  # a loop TVM keeps: the remote views are bound inside it
-            T.evaluate(T.ptx.mapa.u64(mapped[0], Vs.access_ptr("r"), T.Cast("uint32", q)))  # Red's base in CTA q
-            remote_ptr = Var("remote_red", PointerType(PrimType("float32"), "shared"))
-            T.Bind(T.reinterpret(PointerType(PrimType("float32"), "shared"), mapped[0]), var=remote_ptr)
-            remote = T.decl_buffer((p.red,), "float32", data=remote_ptr, scope="shared")
-            for i in T.unroll(sum_each):
-                if T.And(i * NT + tid < share, rank * share + i * NT + tid < p.red):
-                    sums[i] = sums[i] + remote[rank * share + i * NT + tid]
-        for i in T.unroll(sum_each):
-            e = T.meta_var(rank * share + i * NT + tid)
-            row = T.meta_var(row0 + e // nb)
-            col = T.meta_var(n0 + e % nb)
-            if T.And(T.And(i * NT + tid < share, e < p.red), T.And(row < C.shape[0], col < feat)):
-                C[row, col] = sums[i]
-        T.ptx.barrier.cluster.arrive()
-        T.ptx.barrier.cluster.wait()
+        sum_cluster(C, Vs, mapped, sums, rank, row0, n0, tid)
 
     return SimpleNamespace(syncwarp=syncwarp, shared_at=shared_at, load_b=load_b, multiply=multiply, write_c=write_c,
                            reduce_cluster=reduce_cluster, cp=cp, full=full, sum_each=sum_each)

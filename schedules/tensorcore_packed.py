@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import bsr_stream
+from . import bsr_ring, bsr_stream
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
 from . import tiled_stream
@@ -537,22 +537,79 @@ def bsr_stream_spmm(built, program, *, nb: int, warps: int, stages: int, cluster
     built.mod = IRModule({program.name: func})
 
 
-# where bsr_stream beats the block-row template (H200, benchmarks/results/bsr_small_feat_H200.json):
-# a matrix with at least this share of its blocks stored and this many columns; sparser or
-# shorter rows are a few blocks each, and the block-row template's shorter prologue wins
+def _ring_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
+                  density: Optional[float] = None) -> dict:
+    """The knobs given, the rest by ``bsr_ring.default_knobs`` for the matrix's shape and
+    density where known."""
+    m = match(program, "cuda")
+    rows, cols = shape if shape else (0, 0)
+    return bsr_ring.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs)
+
+
+def _ring_prune(program, knobs) -> Optional[str]:
+    return _plan_problem(bsr_ring.plan, _ring_resolve, program, knobs)
+
+
+# the tuner's small space: around the probe's winners (results/probe_bsr_bulk_r3_H200.json)
+_RING_SMALL = {"warps": (2, 4), "stages": (4, 8), "cluster": (1, 2, 4), "per_stage": (1, 2, 4), "col_split": (1, 2)}
+
+
+@transformation(knobs={k: Knob(tuple(v), small=_RING_SMALL.get(k)) for k, v in bsr_ring.KNOBS.items()},
+                resolve=_ring_resolve,
+                prune=_ring_prune)
+def bsr_ring_spmm(built, program, *, warps: int, stages: int, cluster: int, per_stage: int, col_split: int):
+    """Build ``schedules.bsr_ring``'s kernel for ``program`` into ``built.mod``: the format's
+    block shape, the program's columns of B (a multiple of 8), any matrix size (C written
+    whole, in one launch)."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    func = bsr_ring.spmm(m.tile, m.feat, warps=warps, stages=stages, cluster=cluster, per_stage=per_stage,
+                         col_split=col_split, name=program.name)
+    built.mod = IRModule({program.name: func})
+
+
+# where bsr_stream (B's rows resident, shared by a CTA's block rows) beats bsr_ring (B's rows
+# gathered for each block, as many bytes as a 16 x 16 block at 16 columns): tiny blocks, few
+# columns, many block rows (H200: 4096^2, 16 x 16, 70 %, 16 columns: 9.6 vs 11.7 us; at 24-64
+# block rows bsr_ring won, results/bsr_small_feat_ring_H200.json)
+STREAM_TINY_BLOCK, STREAM_MAX_FEAT_TINY, STREAM_MIN_BLOCK_ROWS = 256, 16, 128
+
+
+def _rings(m: PackedSpmm, knobs=None) -> bool:
+    """``bsr_ring`` takes this BSR SpMM: its block shape, a multiple of 8 columns of B up to
+    64, no knob only ``bsr_stream`` has (``nb``, ``bk``) given, and not a matrix of many
+    block rows of tiny blocks at few columns (``bsr_stream``'s own region)."""
+    if knobs and set(knobs) & (set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS)):
+        return False
+    if not bsr_ring.takes(m.tile, m.feat):
+        return False
+    r, c = m.tile
+    tiny = r * c <= STREAM_TINY_BLOCK and m.feat <= STREAM_MAX_FEAT_TINY
+    many = m.sized_for is not None and m.sized_for[0] >= STREAM_MIN_BLOCK_ROWS * r
+    return not (tiny and many and not (knobs and set(knobs) & (set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS))))
+
+
+# where the few-column kernels beat the block-row template (H200, benchmarks/results/
+# bsr_small_feat_H200.json, bsr_small_feat_ring_H200.json): a matrix with at least this share
+# of its blocks stored and this many columns; sparser or shorter rows are a few blocks each,
+# and the block-row template's shorter prologue wins
 BSR_STREAM_MIN_DENSITY = 0.2
 BSR_STREAM_MIN_COLS = 1024
 
 
 def defers(m: PackedSpmm, knobs=None) -> bool:
-    """True where the block-row BSR template (``schedules.tensorcore``) runs a program
-    ``bsr_stream`` could take: its knobs (n_tile, k_split, ...) are given; or no stream knob
-    is, and the matrix compiled for (if any) is sparser or narrower than where the stream
-    kernel wins (a format spec alone: the block-row template too)."""
+    """True where the block-row BSR template (``schedules.tensorcore``) runs a program the
+    few-column kernels (``bsr_ring``, ``bsr_stream``) could take: its knobs (n_tile,
+    k_split, ...) are given; or none of theirs is, and the matrix compiled for (if any) is
+    sparser or narrower than where they win (a format spec alone: the block-row template
+    too). On the H200's blocks suite ``bsr_ring`` beat ``bsr_stream`` in 23 of 24 cases of
+    that region and lost to the block-row template in most outside it, whose fewer dependent
+    steps win on short walks (results/bsr_small_feat_ring_H200.json)."""
     if m.layout != "bsr_blocks":
         return False
     knobs = knobs or {}
-    if set(knobs) - set(bsr_stream.KNOBS):
+    if set(knobs) - set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS):
         return True
     if knobs:
         return False
@@ -582,7 +639,7 @@ def transformation_for(m: PackedSpmm, knobs=None):
     if m.layout == "tiled_bitmap" and _streams(m, knobs):
         return tiled_stream_spmm
     if m.layout == "bsr_blocks":
-        return bsr_stream_spmm
+        return bsr_ring_spmm if _rings(m, knobs) else bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
 
 
@@ -609,6 +666,8 @@ def schedule(program, m: PackedSpmm, **knobs):
         knobs = _stream_resolve(program, knobs, shape, m.density)
     elif t is bsr_stream_spmm:
         knobs = _bsr_resolve(program, knobs, shape, m.density)
+    elif t is bsr_ring_spmm:
+        knobs = _ring_resolve(program, knobs, shape, m.density)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()

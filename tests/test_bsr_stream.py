@@ -121,9 +121,11 @@ def test_defaults_fit_and_follow_the_matrix():
 
 def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     """sparsec.compile builds the streaming kernel for float16 SpMM on BSR up to 64 columns
-    of B, for the library operator and a user's own DSL product alike, with the instance's
-    arrays as its operands; the block-row template's knobs, a wider B, bfloat16 or an
-    epilogue take the block-row template; a knob neither takes is refused by name."""
+    of B that are not a multiple of 8 (a multiple of 8 takes bsr_ring, tests/test_bsr_ring.py,
+    unless a knob only this kernel has is given), for the library operator and a user's own
+    DSL product alike, with the instance's arrays as its operands; the block-row template's
+    knobs, a wider B, bfloat16 or an epilogue take the block-row template; a knob neither
+    takes is refused by name."""
     import sparsec
     from sparsec import dsl, formats
     from sparsec.schedules.tensorcore_packed import bsr_stream_spmm
@@ -132,8 +134,9 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     w = np.random.default_rng(0).standard_normal((200, 1100)).astype(np.float16)
     w[:, 64:200] = 0
     inst = formats.convert(w, "bsr:32x32")
-    k = sparsec.compile("spmm", inst, target="cuda", feat=16)
+    k = sparsec.compile("spmm", inst, target="cuda", feat=20)
     assert set(k.knobs) == set(bs.KNOBS) and "__ballot_sync" in k.source()
+    assert set(sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"bk": 16}).knobs) == set(bs.KNOBS)
     assert [(p.name, p.dtype) for p in k.params] == [
         ("indptr", "int32"), ("indices", "int32"), ("A", "float16"), ("B", "float16"), ("C", "float32")]
     assert "n_tile" in sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"n_tile": 16}).knobs
@@ -157,7 +160,7 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     W, X, Y = mine.sparse_input("W", (i, j)), mine.dense_input("X", (j, f)), mine.dense_output("Y", (i, f))
     with mine.iterate([i, j, f], "SRS") as (ii, jj, ff):
         Y[ii, ff] += W[ii, jj] * X[jj, ff]
-    assert set(sparsec.compile(mine, inst, target="cuda", feat=8).knobs) == set(bs.KNOBS)
+    assert set(sparsec.compile(mine, inst, target="cuda", feat=5).knobs) == set(bs.KNOBS)
     with mine.iterate([i, f], "SS") as (ii, ff):  # an epilogue: the block-row template carries it
         Y[ii, ff] = dsl.relu(Y[ii, ff])
     assert "n_tile" in sparsec.compile(mine, inst, target="cuda", feat=8).knobs
@@ -165,21 +168,23 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
 
 def test_templates_name_the_kernel_compile_would_build():
     """``schedules.templates`` (what the tuner derives its space from) names the block-row
-    template for a BSR float16 SpMM of a format spec alone, and the streaming kernel's
-    transformation once one of its knobs is given; bfloat16 never reaches it."""
+    template for a BSR float16 SpMM of a format spec alone, the few-column kernels'
+    transformation once one of their knobs is given (bsr_ring at a multiple of 8 columns,
+    this kernel with a knob only it has); bfloat16 never reaches them."""
     from sparsec import ops
     from sparsec.formats import make_format
     from sparsec.lower import lower_program
     from sparsec.schedules import templates
     from sparsec.schedules.tensorcore import bsr_tensorcore
-    from sparsec.schedules.tensorcore_packed import bsr_stream_spmm
+    from sparsec.schedules.tensorcore_packed import bsr_ring_spmm, bsr_stream_spmm
 
     def named(dtype, knobs=None):
         _, program = lower_program(ops.get("spmm"), make_format("bsr:32x32"), {"feat": 16}, dtype, atomics=True)
         return [u.transformation for u in templates(program, "cuda", knobs)]
 
     assert named("float16") == [bsr_tensorcore]
-    assert named("float16", {"cluster": 4}) == [bsr_stream_spmm]
+    assert named("float16", {"cluster": 4}) == [bsr_ring_spmm]
+    assert named("float16", {"bk": 16}) == [bsr_stream_spmm]
     assert named("bfloat16", {"cluster": 4}) == [bsr_tensorcore]
 
 
@@ -196,7 +201,7 @@ def test_the_tuner_searches_it_where_compile_builds_it_and_featurizes_its_knobs(
     w = np.where(random_block_mask((1024, 4096), 16, 0.7, [1]), np.random.default_rng(1).standard_normal((1024, 4096)),
                  0).astype(np.float32)
     m = sp.csr_matrix(w)
-    s = Space("spmm", m, 64, "float16", families=("bsr",), size="small", target="cuda:sm_90a")
+    s = Space("spmm", m, 36, "float16", families=("bsr",), size="small", target="cuda:sm_90a")  # not 8k: not ring
     mine = [c for c in s.candidates if c["format"] == "bsr:16x16"]
     assert mine and all(set(c["schedule_knobs"]) == set(bs.KNOBS) for c in mine)
     assert features.feature_matrix(mine, features.MatrixContext(m)).shape == (len(mine), len(features.FEATURE_NAMES))

@@ -1,0 +1,307 @@
+"""Tensor Core SpMM for BSR weights at few columns of B (8-64, a multiple of 8): ``C = A @ B``
+with A a ``formats.bsr`` instance of float16 r x c blocks (r and c multiples of 16), B (K, N)
+float16 and C (M, N) float32, N fixed when the kernel is built.
+
+At a few columns of B the weight's blocks and B's rows for them are all there is to move,
+and what held the earlier kernels (``bsr_stream``: B's rows for the CTA's part of K
+resident; the block-row template) to a quarter of cuBLAS's byte rate was waiting: each warp
+copied and then waited for its own blocks. Here a CTA owns one block row (or, in a cluster,
+an even share of its stored blocks) and splits the work by role:
+
+* **a producer warp** walks the row's stored blocks a ring of ``stages`` ahead: for each
+  block it copies the block and B's ``c`` rows it meets (16-byte ``cp.async`` into rows
+  padded so ``ldmatrix`` reads hit distinct banks; rows past K zero-filled), and signals
+  the stage's ``mbarrier`` when its copies land (``cp.async.mbarrier.arrive.noinc``), with
+  ``per_stage`` blocks a stage so short blocks amortise the handshake;
+* **consumer warps** wait on the stage's barrier, multiply (``ldmatrix`` + ``mma.m16n8k16``
+  into float32 accumulators; warp w takes 16 of the block's rows and a group of columns)
+  and release the stage to the producer through a second barrier;
+* **``cluster`` CTAs split a block row's stored blocks evenly** and add their partial tiles
+  through distributed shared memory (one launch, no atomics, no C to zero first);
+  **``col_split`` CTAs split B's columns** (more CTAs for short rows).
+
+Measured against the design first as CUDA (``benchmarks/probe_bsr_bulk.py``, results
+``benchmarks/results/probe_bsr_bulk_r3_H200.json``). The kernel trusts its operands (a
+``formats.bsr`` instance's own arrays; ``sparsec.compile``'s kernel checks them) and needs
+``values`` and B 16-byte aligned (``sparsec``'s calls copy a misaligned view first).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from .stream_mma import PAD, cluster_sum, sum_share
+from .warp_mma import check_knobs, check_sizes, compile_for
+
+SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
+KNOBS = {"warps": (2, 4, 1, 8), "stages": (4, 8, 2), "cluster": (1, 2, 4, 8), "per_stage": (1, 2, 4),
+         "col_split": (1, 2, 4)}
+MAX_FEAT = 64  # wider B: the block-row template, whose gathers of B are then worth their bytes
+SMS = 132  # streaming multiprocessors of an H100 / H200 SXM
+
+
+def takes(block, feat: int) -> bool:
+    """Whether the kernel takes blocks of this shape at ``feat`` columns of B (16-byte rows;
+    16, 32 or 64 block rows, which its 1-8 consumer warps split into 16-row tiles)."""
+    r, c = (int(b) for b in block)
+    return r in (16, 32, 64) and c % 16 == 0 and 16 <= c <= 128 and 8 <= feat <= MAX_FEAT and feat % 8 == 0
+
+
+def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int, col_split: int) -> SimpleNamespace:
+    """The kernel's sizes, checked: ValueError naming the first thing it cannot take."""
+    r, c = (int(b) for b in block)
+    if r % 16 or not 16 <= r <= 64:
+        raise ValueError(f"block rows should be 16, 32, 48 or 64 (16 rows an MMA), got {r}")
+    if c % 16 or not 16 <= c <= 128:
+        raise ValueError(f"block columns should be a multiple of 16 up to 128 (the MMA's k-step), got {c}")
+    check_sizes(feat=feat, warps=warps, stages=stages, cluster=cluster, per_stage=per_stage, col_split=col_split)
+    check_knobs({"warps": warps, "stages": stages, "cluster": cluster, "per_stage": per_stage,
+                 "col_split": col_split}, KNOBS)
+    if feat % 8 or feat > MAX_FEAT:
+        raise ValueError(f"feat should be a multiple of 8 up to {MAX_FEAT} (B's rows copied 16 bytes at a "
+                         f"time), got {feat}")
+    if feat % (8 * col_split):
+        raise ValueError(f"col_split={col_split} leaves a CTA {feat / col_split:g} of feat={feat} columns, "
+                         f"not a multiple of 8")
+    mt = r // 16
+    if warps % mt:
+        raise ValueError(f"warps={warps} should be a multiple of the block's {mt} 16-row tiles (block {r}x{c})")
+    nb = feat // col_split
+    groups = warps // mt
+    if (nb // 8) % groups:
+        raise ValueError(f"warps={warps} on a {r}-row block make {groups} column groups, which do not split a "
+                         f"CTA's {nb} columns into 8-column tiles: take fewer warps or a smaller col_split")
+    p = SimpleNamespace(r=r, c=c, feat=feat, W=warps, D=stages, S=cluster, G=per_stage, NS=col_split, nb=nb,
+                        mt=mt, groups=groups, ntw=nb // 8 // groups, ks=c // 16, apitch=c + PAD, bpitch=nb + PAD,
+                        threads=(warps + 1) * 32)
+    p.a_halves = r * p.apitch
+    p.block_halves = p.a_halves + c * p.bpitch
+    p.stage_halves = per_stage * p.block_halves
+    p.ring_halves = stages * p.stage_halves
+    p.red = r * nb  # floats of a CTA's partial tile (cluster reduction)
+    p.red_halves = 2 * p.red if cluster > 1 else 0
+    p.bar_halves = 8 * stages  # full and empty barriers, 8 bytes each
+    p.smem = (p.ring_halves + p.red_halves + p.bar_halves) * 2
+    p.a_chunks = r * c // 8  # 16-byte chunks of a block
+    p.b_chunks = c * nb // 8  # of B's rows for it
+    if p.smem > SMEM_LIMIT:
+        raise ValueError(f"block {r}x{c} with stages={stages}, per_stage={per_stage} and {nb} columns a CTA needs "
+                         f"{p.smem} bytes of shared memory, over {SMEM_LIMIT}: take fewer stages or blocks a stage")
+    return p
+
+
+def _fits(block, feat, knobs) -> bool:
+    try:
+        plan(block, feat, **knobs)
+    except ValueError:
+        return False
+    return True
+
+
+def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None) -> dict:
+    """A rule fitted to the H200 probe's sweep (``probe_bsr_bulk_r3_H200.json``: 54 cases,
+    every variant timed; this rule's pick is within 4.5 % of each case's best on geomean,
+    41 % at worst). B's columns split in two at 32+ columns where there are fewer than 64
+    block rows; a block row's stored blocks split across a cluster of 4 where the row moves
+    12K+ halves (its blocks and B's rows for them) and the grid stays under 400 CTAs; two
+    warps a 16-row tile up to 32-row blocks, one for 64; four blocks a stage on walks of 24+
+    blocks, two on walks of 2+ (64-row blocks: one). ``rows`` x ``cols`` default to 4096 x
+    4096; ``fixed``: knobs already chosen."""
+    r, c = (int(b) for b in block)
+    fixed = dict(fixed or {})
+    rows, cols = rows or 4096, cols or 4096
+    nbr = max(-(-rows // r), 1)
+    per_row = max(-(-cols // c), 1) * max(min(float(density), 1.0), 0.0)  # stored blocks a block row
+    col_split = fixed.get("col_split", 2 if feat >= 32 and feat % 16 == 0 and nbr < 64 else 1)
+    nb = max(feat // col_split, 1)
+    moved = per_row * (r * c + c * nb) / 1024  # thousands of halves a block row moves
+    cluster = fixed.get("cluster", 4 if nbr * col_split * 4 <= 400 and moved >= 12 else 1)
+    mt = r // 16
+    warps = fixed.get("warps")
+    if warps is None:
+        warps = next((w for w in ((2 * mt, mt) if mt < 4 else (mt,)) if w in KNOBS["warps"]
+                      and _fits(block, feat, {"warps": w, "stages": 2, "cluster": 1, "per_stage": 1,
+                                              "col_split": col_split})), mt)
+    walk = per_row / cluster
+    per_stage = fixed.get("per_stage", 1 if mt == 4 else (4 if walk >= 24 else (2 if walk >= 2 else 1)))
+    knobs = {"warps": warps, "stages": fixed.get("stages", 4), "cluster": cluster, "per_stage": per_stage,
+             "col_split": col_split}
+    while not _fits(block, feat, knobs) and knobs["per_stage"] > 1 and "per_stage" not in fixed:
+        knobs["per_stage"] //= 2
+    while not _fits(block, feat, knobs) and knobs["stages"] > 2 and "stages" not in fixed:
+        knobs["stages"] //= 2
+    return knobs
+
+
+def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluster: int = 1, per_stage: int = 1,
+         col_split: int = 1, name: str = "bsr_ring"):
+    """The PrimFunc ``name(indptr, indices, values, B, C)``: ``indptr`` (int32, block rows +
+    1), ``indices`` (int32, block columns) and ``values`` (float16, the blocks row-major one
+    after another) as ``formats.bsr`` stores them; B (K, feat) float16; C (M, feat) float32,
+    written whole (no zero fill before). M and K are read from the operands."""
+    from tvm.script import tirx as T
+
+    p = plan(block, feat, warps, stages, cluster, per_stage, col_split)
+    R, Cb, W, D, S, G, NS, nb = p.r, p.c, p.W, p.D, p.S, p.G, p.NS, p.nb
+    AP, BP, MT, ntw = p.apitch, p.bpitch, p.mt, p.ntw
+    cp = T.ptx["cp.async.cg.shared.global"]
+    arrive_copies = T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"]
+    arrive = T.ptx["mbarrier.arrive.shared::cta.b64"]
+    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
+    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
+    ldm_t2 = T.ptx["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"]
+    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    full_mask = T.uint32(0xFFFFFFFF)
+    sum_each = sum_share(p.red, S, p.threads)
+    sum_cluster = cluster_sum(p.red, nb, feat, p.threads, S) if S > 1 else None
+    a_iters = -(-p.a_chunks // 32)
+    b_iters = -(-p.b_chunks // 32)
+    per8 = nb // 8  # 16-byte chunks of a row of B's stage
+
+    def at(base, halves):
+        """A shared address ``halves`` float16 past ``base`` (held in a register: TVM's
+        barrier planner does not see these accesses)."""
+        return base + T.Cast("uint32", halves * 2)
+
+    @T.macro
+    def produce(sb, win, indices, values, B, K, q0, cnt, f0, j, tx):
+        """Copy stage ``j``'s blocks (``per_stage`` of them from the CTA's ``j * per_stage``-th)
+        and B's rows for each; signal the stage's full barrier when they land."""
+        s = T.meta_var(j % D)
+        if j >= D:
+            T.cuda.mbarrier_wait(sb[1] + T.Cast("uint32", (D + s) * 8), (j // D - 1) % 2)  # consumers done with it
+        for g in T.unroll(G):
+            i = T.meta_var(j * G + g)
+            if i % 32 == 0:
+                win[0] = T.if_then_else(i + tx < cnt, indices[T.min(q0 + i + tx, indices.shape[0] - 1)], 0)
+            col = T.call_extern("int32", "__shfl_sync", full_mask, win[0], i % 32)
+            if i < cnt:
+                base = T.meta_var(s * p.stage_halves + g * p.block_halves)
+                for it in T.unroll(a_iters):
+                    e = T.meta_var(it * 32 + tx)
+                    if e < p.a_chunks:
+                        cp(at(sb[0], base + e // (Cb // 8) * AP + e % (Cb // 8) * 8),
+                           values.access_ptr("r", offset=(q0 + i) * (R * Cb) + e * 8, extent=8), 16, T.uint32(16))
+                for it in T.unroll(b_iters):
+                    e = T.meta_var(it * 32 + tx)
+                    k = T.meta_var(col * Cb + e // per8)
+                    if e < p.b_chunks:
+                        cp(at(sb[0], base + p.a_halves + e // per8 * BP + e % per8 * 8),
+                           B.access_ptr("r", offset=T.min(k, K - 1) * feat + f0 + e % per8 * 8, extent=8), 16,
+                           T.Cast("uint32", T.if_then_else(k < K, 16, 0)))
+        arrive_copies(sb[1] + T.Cast("uint32", s * 8))
+
+    @T.macro
+    def consume(sb, af, bf, acc, cnt, j, mi, n0, tx):
+        """Wait for stage ``j``, multiply its blocks into the accumulators, release it."""
+        s = T.meta_var(j % D)
+        T.cuda.mbarrier_wait(sb[1] + T.Cast("uint32", s * 8), (j // D) % 2)
+        for g in T.unroll(G):
+            if j * G + g < cnt:
+                a_base = T.meta_var(s * p.stage_halves + g * p.block_halves)
+                b_base = T.meta_var(a_base + p.a_halves)
+                for kk in T.unroll(p.ks):
+                    ldm(af[0], af[1], af[2], af[3],
+                        at(sb[0], a_base + (mi * 16 + tx % 16) * AP + kk * 16 + tx // 16 * 8))
+                    for t in T.unroll(ntw // 2):
+                        ldm_t(bf[0], bf[1], bf[2], bf[3],
+                              at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + t * 16 + tx // 16 * 8))
+                        for h in T.unroll(2):
+                            a = T.meta_var((t * 2 + h) * 4)
+                            mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3],
+                                bf[h * 2], bf[h * 2 + 1], acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
+                    if ntw % 2 == 1:
+                        ldm_t2(bf[0], bf[1], at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + (ntw - 1) * 8))
+                        a = T.meta_var((ntw - 1) * 4)
+                        mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3], bf[0], bf[1],
+                            acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
+        T.evaluate(T.call_extern("void", "__syncwarp", full_mask))
+        if tx == 0:
+            arrive(sb[1] + T.Cast("uint32", (D + s) * 8))
+
+    @T.prim_func(s_tir=True)
+    def bsr_ring(i_h: T.handle, j_h: T.handle, v_h: T.handle, b_h: T.handle, c_h: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        n_ptr = T.int32()
+        nnzb = T.int32()
+        n_vals = T.int32()
+        M = T.int32()
+        K = T.int32()
+        indptr = T.match_buffer(i_h, (n_ptr,), "int32")
+        indices = T.match_buffer(j_h, (nnzb,), "int32")
+        values = T.match_buffer(v_h, (n_vals,), "float16")
+        B = T.match_buffer(b_h, (K, feat), "float16")
+        C = T.match_buffer(c_h, (M, feat), "float32")
+        nbr = T.meta_var(T.max(n_ptr - 1, 0))
+        bx = T.env_thread("blockIdx.x")
+        ty = T.env_thread("threadIdx.y")
+        tx = T.env_thread("threadIdx.x")
+        T.launch_thread(bx, T.max(nbr, 1) * NS * S)
+        if S > 1:
+            cx = T.env_thread("clusterCtaIdx.x")
+            T.launch_thread(cx, S)
+        T.launch_thread(ty, W + 1)
+        T.launch_thread(tx, 32)
+        # one dynamic buffer: the ring of stages, the partial tile (clusters), the barriers
+        Vs = T.alloc_buffer((p.ring_halves + p.red_halves + p.bar_halves,), "float16", scope="shared.dyn",
+                            align=128)
+        Red = T.decl_buffer((max(p.red, 1),), "float32", data=Vs.data, elem_offset=p.ring_halves // 2,
+                            scope="shared.dyn")
+        red_base = T.decl_buffer((max(p.red_halves, 1),), "float16", data=Vs.data, elem_offset=p.ring_halves,
+                                 scope="shared.dyn")  # the partial tile's address, for distributed shared memory
+        sb = T.alloc_buffer((2,), "uint32", scope="local")  # the ring's shared address, the barriers'.
+        acc = T.alloc_buffer((ntw * 4,), "float32", scope="local")
+        af = T.alloc_buffer((4,), "uint32", scope="local")
+        bf = T.alloc_buffer((4,), "uint32", scope="local")
+        # the CTA's first stored block, its count of them, its stages, its first column of B,
+        # the block row's first and end stored block
+        rng = T.alloc_buffer((6,), "int32", scope="local")
+        win = T.alloc_buffer((1,), "int32", scope="local")  # lane l: the column of the window's l-th block
+        mapped = T.alloc_buffer((1,), "uint64", scope="local")
+        sums = T.alloc_buffer((sum_each,), "float32", scope="local")
+        rank = T.meta_var(bx % S)
+        br = T.meta_var(bx // S // NS)
+        live = T.meta_var(br < nbr)
+        tid = T.meta_var(ty * 32 + tx)
+        sb[0] = T.call_extern("uint32", "__cvta_generic_to_shared", Vs.access_ptr("w"))
+        sb[1] = sb[0] + T.uint32((p.ring_halves + p.red_halves) * 2)
+        rng[3] = bx // S % NS * nb
+        if tid == 0:
+            for s in T.unroll(D):
+                T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32(s * 8), 32)  # the producer's 32 lanes
+                T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32((D + s) * 8), W)  # a lane of each consumer
+        T.tvm_storage_sync("shared")
+        rng[4] = T.if_then_else(live, indptr[T.min(br, n_ptr - 1)], 0)
+        rng[5] = T.if_then_else(live, indptr[T.min(br + 1, n_ptr - 1)], 0)
+        rng[0] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * rank // S)
+        rng[1] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * (rank + 1) // S) - rng[0]
+        rng[2] = (rng[1] + G - 1) // G
+        if ty == W:
+            for j in range(rng[2]):
+                produce(sb, win, indices, values, B, K, rng[0], rng[1], rng[3], j, tx)
+        else:
+            mi = T.meta_var(ty % MT)
+            n0 = T.meta_var(ty // MT * ntw * 8)
+            for i in T.unroll(ntw * 4):
+                acc[i] = T.float32(0)
+            for j in range(rng[2]):
+                consume(sb, af, bf, acc, rng[1], j, mi, n0, tx)
+            for t in T.unroll(ntw):
+                for h in T.unroll(2):
+                    for e in T.unroll(2):
+                        row = T.meta_var(mi * 16 + tx // 4 + h * 8)
+                        col = T.meta_var(n0 + t * 8 + tx % 4 * 2 + e)
+                        if S == 1:
+                            if T.And(live, br * R + row < M):
+                                C[br * R + row, rng[3] + col] = acc[t * 4 + h * 2 + e]
+                        else:
+                            Red[row * nb + col] = acc[t * 4 + h * 2 + e]
+        if S > 1:
+            if live:
+                sum_cluster(C, red_base, mapped, sums, rank, br * R, rng[3], tid)
+
+    return bsr_ring
+
+
+def build(block=(32, 32), feat: int = 64, arch: str = "sm_90a", **knobs):
+    """The compiled module (TVM executable) of :func:`spmm` for ``arch``."""
+    return compile_for(spmm(block, feat, **knobs), arch)

@@ -1,0 +1,141 @@
+"""The producer/consumer Tensor Core SpMM for BSR weights at 8-64 columns of B
+(schedules/bsr_ring.py), on the CPU: what nvcc makes of it for sm_90a, its refusals by name,
+its defaults, and how sparsec.compile and the tuner reach it. benchmarks/check_bsr_stream.py
+--kernel ring checks it against float64 on the GPU host (results/check_bsr_ring_H200.json)."""
+import numpy as np
+import pytest
+
+from nvcc_tools import nvcc_ptx
+from sparsec.schedules import bsr_ring as br
+from sparsec.schedules.warp_mma import cuda_source
+
+
+@pytest.mark.parametrize("block, feat, knobs", [
+    ((16, 16), 16, {}), ((32, 32), 64, {"cluster": 4, "per_stage": 2, "col_split": 2}),
+    ((64, 32), 24, {"cluster": 1, "warps": 4, "stages": 8}), ((16, 64), 40, {"warps": 1, "cluster": 2})])
+def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
+    """16-byte cp.async for a block and B's rows (zero-filled past K), their landing signalled
+    on the stage's mbarrier (cp.async.mbarrier.arrive.noinc); consumers wait on it (try_wait
+    .parity), ldmatrix + mma.m16n8k16 in float32, release the stage with mbarrier.arrive; a
+    cluster's partial tiles summed through distributed shared memory (mapa between cluster
+    barriers) or stored directly; no CTA barrier inside either role's walk; one launch."""
+    kn = {**br.default_knobs(block, feat, 300, 1111, 0.3), **knobs}
+    src = cuda_source(br.build(block, feat, **kn))
+    ptx = nvcc_ptx(src, "sm_90a")
+    for needle in ("cp.async.cg.shared.global", "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
+                   "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta.b64", "mbarrier.init.shared::cta.b64",
+                   "ldmatrix.sync.aligned.m8n8", ".trans.shared.b16",
+                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "shfl.sync.idx.b32"):
+        assert needle in ptx, needle
+    clustered = kn["cluster"] > 1
+    assert ("mapa" in ptx) == clustered and ("barrier.cluster.arrive" in ptx) == clustered
+    producer = src[src.index("for (int j = 0"):]
+    producer = producer[:producer.index("} else {")]
+    assert "__syncthreads" not in producer
+    consumer = src[src.index("for (int j_1 = 0"):]
+    consumer = consumer[:consumer.index("__syncwarp") + 200]
+    assert "__syncthreads" not in consumer
+    assert src.count("__global__") // 2 == 1  # one launch: nothing zeroes C first
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"block": (48, 16)}, "block rows should be 16, 32, 48 or 64"),  # 48 passes the shape check ...
+    ({"block": (80, 16)}, "block rows should be 16, 32, 48 or 64"),
+    ({"block": (16, 8)}, "block columns should be a multiple of 16"),
+    ({"feat": 20}, "feat should be a multiple of 8 up to 64"),
+    ({"feat": 72}, "feat should be a multiple of 8 up to 64"),
+    ({"feat": 24, "col_split": 2}, "col_split=2 leaves a CTA 12 of feat=24 columns"),
+    ({"block": (32, 32), "warps": 1}, "warps=1 should be a multiple of the block's 2 16-row tiles"),
+    ({"feat": 16, "warps": 4}, "warps=4 on a 16-row block make 4 column groups"),
+    ({"warps": 3}, "warps should be one of"),
+    ({"per_stage": 3}, "per_stage should be one of"),
+    ({"block": (64, 128), "feat": 64, "warps": 8, "stages": 8, "per_stage": 4}, "bytes of shared memory"),
+])
+def test_refuses_what_it_cannot_take_by_name(kw, match):
+    args = {"block": (16, 16), "feat": 16, "warps": 2, "stages": 4, "cluster": 1, "per_stage": 1, "col_split": 1,
+            **kw}
+    if args["block"] == (48, 16):  # ... and its 3 tiles a block take no warp count the kernel has
+        args.pop("block")
+        with pytest.raises(ValueError, match="warps=2 should be a multiple of the block's 3 16-row tiles"):
+            br.plan((48, 16), args.pop("feat"), **args)
+        assert not br.takes((48, 16), 16)
+        return
+    with pytest.raises(ValueError, match=match):
+        br.plan(args.pop("block"), args.pop("feat"), **args)
+
+
+def test_defaults_fit_and_follow_the_matrix():
+    """Every default plan fits; a cluster splits the long rows of a short matrix and not a
+    tall one's; B's columns split where block rows are few; four blocks a stage on long walks."""
+    for feat in (8, 16, 24, 32, 40, 64):
+        for block in ((16, 16), (32, 32), (64, 64), (32, 16), (16, 64), (64, 128)):
+            for shape in ((384, 384), (4096, 4096), (768, 3072), (4096, 11008), (100, 100000)):
+                for density in (0.01, 0.1, 0.3, 1.0):
+                    br.plan(block, feat, **br.default_knobs(block, feat, *shape, density))
+    assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3)["cluster"] == 4  # 32 rows of 38 blocks
+    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3)["cluster"] == 1  # 128 block rows fill the GPU
+    assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3)["col_split"] == 2
+    assert br.default_knobs((16, 16), 64, 4096, 4096, 0.3)["col_split"] == 1
+    assert br.default_knobs((16, 16), 16, 4096, 4096, 0.3)["per_stage"] == 4
+    assert br.default_knobs((16, 16), 16, 384, 384, 0.05)["per_stage"] == 1  # 1.2 blocks a row
+    assert br.default_knobs((32, 32), 64, 0, 0, 0.3, fixed={"cluster": 8})["cluster"] == 8
+
+
+def test_compile_reaches_it_by_capability():
+    """sparsec.compile builds it for float16 SpMM on BSR at a multiple of 8 columns up to 64,
+    where the matrix is dense enough and wide enough for the few-column kernels, for the
+    library operator and a user's own DSL product alike; its knobs given pick it anywhere;
+    bsr_stream keeps widths that are not a multiple of 8, its own knobs, and many block rows
+    of 16 x 16 blocks at 16 columns; the block-row template keeps sparse or narrow matrices."""
+    import sparsec
+    from sparsec import dsl, formats
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((200, 1100)).astype(np.float16)
+    w[:, 64:200] = 0
+    inst = formats.convert(w, "bsr:32x32")
+    k = sparsec.compile("spmm", inst, target="cuda", feat=64)
+    assert set(k.knobs) == set(br.KNOBS) and "mbarrier" in k.source()
+    assert [(p.name, p.dtype) for p in k.params] == [
+        ("indptr", "int32"), ("indices", "int32"), ("A", "float16"), ("B", "float16"), ("C", "float32")]
+    assert "bk" in sparsec.compile("spmm", inst, target="cuda", feat=20).knobs
+    assert "bk" in sparsec.compile("spmm", inst, target="cuda", feat=64, knobs={"nb": 32}).knobs
+    with pytest.raises(ValueError, match="col_split should be one of"):
+        sparsec.compile("spmm", inst, target="cuda", feat=64, knobs={"col_split": 3})
+    sparse = w.copy()
+    sparse[:, 256:] = 0
+    assert "n_tile" in sparsec.compile("spmm", formats.convert(sparse, "bsr:32x32"), target="cuda", feat=64).knobs
+    assert "per_stage" in sparsec.compile("spmm", formats.convert(sparse, "bsr:32x32"), target="cuda", feat=64,
+                                          knobs={"per_stage": 2}).knobs
+    tall = np.where(np.kron(rng.random((160, 80)) < 0.3, np.ones((16, 16))), 1.0, 0.0).astype(np.float16)
+    tall_inst = formats.convert(tall, "bsr:16x16")  # 160 block rows of 16 x 16 blocks
+    assert "bk" in sparsec.compile("spmm", tall_inst, target="cuda", feat=16).knobs
+    assert "per_stage" in sparsec.compile("spmm", tall_inst, target="cuda", feat=32).knobs
+
+    mine = dsl.Operator("my_product", "Y = W @ X, written by a user")
+    i = mine.dense_fixed("i")
+    j = mine.sparse_variable("j", parent=i)
+    f = mine.dense_fixed("f", extent="feat")
+    W, X, Y = mine.sparse_input("W", (i, j)), mine.dense_input("X", (j, f)), mine.dense_output("Y", (i, f))
+    with mine.iterate([i, j, f], "SRS") as (ii, jj, ff):
+        Y[ii, ff] += W[ii, jj] * X[jj, ff]
+    assert set(sparsec.compile(mine, inst, target="cuda", feat=8).knobs) == set(br.KNOBS)
+
+
+def test_the_tuner_searches_it_where_compile_builds_it_and_featurizes_its_knobs():
+    """For a matrix it takes, the tuner's BSR float16 candidates are its knobs (the untuned
+    one what sparsec.compile builds), and the cost model's features accept them."""
+    import scipy.sparse as sp
+
+    from sparsec.bench.suites import random_block_mask
+    from sparsec.tune import features
+    from sparsec.tune.space import Space
+
+    w = np.where(random_block_mask((1024, 4096), 16, 0.7, [1]), np.random.default_rng(1).standard_normal((1024, 4096)),
+                 0).astype(np.float32)
+    m = sp.csr_matrix(w)
+    s = Space("spmm", m, 64, "float16", families=("bsr",), size="small", target="cuda:sm_90a")
+    mine = [c for c in s.candidates if c["format"] == "bsr:16x16"]
+    assert mine and all(set(c["schedule_knobs"]) == set(br.KNOBS) for c in mine)
+    assert len({tuple(sorted(c["schedule_knobs"].items())) for c in mine}) > 1
+    assert features.feature_matrix(mine, features.MatrixContext(m)).shape == (len(mine), len(features.FEATURE_NAMES))
