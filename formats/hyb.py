@@ -166,6 +166,14 @@ def _groups(indptr, indices, n_cols: int, col_parts: int):
     range, first entry and length, in (row, range) order (entries are sorted by column,
     so every group is one contiguous run of entries: a group starts where a row starts or
     the column range changes within a row)."""
+    ranges, starts, lengths = group_runs(indptr, indices, n_cols, col_parts)
+    rows = np.searchsorted(indptr, starts, side="right") - 1
+    return rows, ranges, starts, lengths
+
+
+def group_runs(indptr, indices, n_cols: int, col_parts: int):
+    """(range, first entry, length) of every non-empty group, as :func:`_groups` gives
+    them without their rows (a binary search per group: what the tuner's picks skip)."""
     nnz = int(indices.size)
     pw = max(-(-n_cols // col_parts), 1)
     start = np.zeros(nnz, bool)
@@ -176,15 +184,14 @@ def _groups(indptr, indices, n_cols: int, col_parts: int):
         start[1:] |= part[1:] != part[:-1]
     starts = np.flatnonzero(start)
     lengths = np.diff(np.append(starts, nnz))
-    rows = np.searchsorted(indptr, starts, side="right") - 1
     ranges = part[starts].astype(np.int64) if part is not None else np.zeros(starts.size, np.int64)
-    return rows, ranges, starts, lengths
+    return ranges, starts, lengths
 
 
 def group_lengths(csr, col_parts: int) -> np.ndarray:
     """Entries of every non-empty (row, column range) group (what the buckets hold)."""
     c = csr if isinstance(csr, Canonical) else canonical_csr(csr)
-    return _groups(c.indptr, c.indices, int(c.shape[1]), _col_parts(col_parts))[3]
+    return group_runs(c.indptr, c.indices, int(c.shape[1]), _col_parts(col_parts))[2]
 
 
 def auto_col_parts(csr) -> int:

@@ -393,3 +393,17 @@ def test_million_entry_conversion():
               bsr_csr.from_matrix(a, block=(4, 4))):
         assert h.conversion_s > 0
         assert (h.to_scipy() != a).nnz == 0
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 8])
+def test_group_runs_are_the_groups_without_their_rows(parts):
+    """The tuner's picks read hyb's groups through group_runs (no row search); conversion
+    through _groups: the same ranges, starts and lengths, empty rows and a long row included."""
+    m = build(300, 500, 0.03, 7, heavy=2, empty_frac=0.2)
+    c = m.tocsr()
+    c.sort_indices()
+    rows, ranges, starts, lengths = hyb._groups(c.indptr, c.indices, c.shape[1], parts)
+    r2, s2, l2 = hyb.group_runs(c.indptr, c.indices, c.shape[1], parts)
+    assert np.array_equal(ranges, r2) and np.array_equal(starts, s2) and np.array_equal(lengths, l2)
+    assert np.array_equal(hyb.group_lengths(c, parts), lengths) and lengths.sum() == c.nnz
+    assert np.array_equal(rows, np.repeat(np.arange(c.shape[0]), np.diff(c.indptr))[starts])

@@ -298,7 +298,7 @@ class MatrixContext:
         """(column range, length) of every non-empty (row, range) group, by hyb's own grouping."""
         if col_parts not in self._group_cache:
             c = self.csr
-            _, ranges, _, lengths = hyb._groups(c.indptr, c.indices, int(c.shape[1]), col_parts)
+            ranges, _, lengths = hyb.group_runs(c.indptr, c.indices, int(c.shape[1]), col_parts)
             self._group_cache[col_parts] = (ranges.astype(np.int64), lengths.astype(np.int64))
         return self._group_cache[col_parts]
 

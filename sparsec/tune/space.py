@@ -153,6 +153,7 @@ class Space:
         # the default), unpruned ones as the full space has them: a zero-shot pick ranks no
         # other, and skips the enumeration of every knob product (most of a pick's time)
         self._only = None if only is None else _schedules_by_format(only)
+        self._only_parts = None if only is None else _hyb_parts(only)
         self.pruned: Dict[str, int] = {}
         self.candidates = self._enumerate()
         self.default = self._default()
@@ -293,6 +294,8 @@ class Space:
         if self.size == "small":  # the automatic choice and its neighbours
             i = parts.index(auto_p)
             parts = parts[max(0, i - 1):i + 2]
+        if self._only_parts is not None:  # column ranges no listed configuration names write none of them
+            parts = [p for p in parts if p == auto_p or p in self._only_parts]
         for p in parts:
             cap = hyb_format._pow2_ceil(self._longest_group(p))
             widths = sorted({min(w, max(cap, 1)) for w in HYB_MAX_BUCKETS} | ({auto_b[-1]} if p == auto_p else set()))
@@ -409,11 +412,22 @@ class Space:
 
 def _schedules_by_format(keys: Iterable[str]) -> Dict[str, List[dict]]:
     """Format -> the schedule knobs of ``transfer.config_key``s (JSON [op, format, col_parts,
-    schedule_knobs])."""
+    schedule_knobs]), in the keys' sorted order (the candidates' order, which breaks the
+    model's ties, is then the same in every process)."""
     out: Dict[str, List[dict]] = {}
-    for key in keys:
+    for key in sorted(keys):  # a set's order changes with each process's string hashing: the pick's ties would too
         _, fmt, _, sk = json.loads(key)
         out.setdefault(fmt, []).append(sk)
+    return out
+
+
+def _hyb_parts(keys: Iterable[str]) -> set:
+    """The ``col_parts`` that the hyb configurations among ``transfer.config_key``s name."""
+    out = set()
+    for key in keys:
+        _, fmt, parts, _ = json.loads(key)
+        if fmt == "hyb" and parts is not None:
+            out.add(int(parts))
     return out
 
 
