@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from .stream_mma import PAD, cluster_sum, sum_share
+from .stream_mma import PAD, cluster_sum, mma_ops, sum_share
 from .warp_mma import check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
@@ -143,13 +143,9 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
     p = plan(block, feat, warps, stages, cluster, per_stage, col_split)
     R, Cb, W, D, S, G, NS, nb = p.r, p.c, p.W, p.D, p.S, p.G, p.NS, p.nb
     AP, BP, MT, ntw = p.apitch, p.bpitch, p.mt, p.ntw
-    cp = T.ptx["cp.async.cg.shared.global"]
+    cp, ldm, ldm_t, ldm_t2, mma = mma_ops()
     arrive_copies = T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"]
     arrive = T.ptx["mbarrier.arrive.shared::cta.b64"]
-    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
-    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
-    ldm_t2 = T.ptx["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"]
-    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
     full_mask = T.uint32(0xFFFFFFFF)
     sum_each = sum_share(p.red, S, p.threads)
     sum_cluster = cluster_sum(p.red, nb, feat, p.threads, S) if S > 1 else None

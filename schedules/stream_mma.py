@@ -20,6 +20,17 @@ from types import SimpleNamespace
 PAD = 8  # halves added to a row of a dense tile and of B's stage (16 bytes: ldmatrix rows in distinct banks)
 
 
+def mma_ops():
+    """The PTX instructions a warp's dense tile times B's rows takes: (16-byte cp.async,
+    ldmatrix x4, ldmatrix x4 transposed, ldmatrix x2 transposed, mma.m16n8k16 f32 += f16)."""
+    from tvm.script import tirx as T
+
+    return (T.ptx["cp.async.cg.shared.global"], T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"],
+            T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"],
+            T.ptx["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"],
+            T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"])
+
+
 def sum_share(red: int, S: int, threads: int) -> int:
     """Elements of a ``red``-float partial tile one thread of a CTA sums in a cluster of ``S``."""
     return -(-(-(-red // S)) // threads)
@@ -71,11 +82,7 @@ def macros(p) -> SimpleNamespace:
     from tvm.script import tirx as T
 
     feat, nb, nt, mt, TR, AP, BP, NT, S = p.feat, p.nb, p.nt, p.mt, p.TR, p.apitch, p.bpitch, p.threads, p.S
-    cp = T.ptx["cp.async.cg.shared.global"]
-    ldm = T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"]
-    ldm_t = T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]
-    ldm_t2 = T.ptx["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"]
-    mma = T.ptx["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    cp, ldm, ldm_t, ldm_t2, mma = mma_ops()
     full = T.uint32(0xFFFFFFFF)
 
     def b_chunks(rows):

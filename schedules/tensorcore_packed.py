@@ -506,13 +506,17 @@ def tiled_stream_spmm(built, program, *, nb: int, warps: int, stages: int, clust
     built.mod = IRModule({program.name: func})
 
 
-def _bsr_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
-                 density: Optional[float] = None) -> dict:
-    """The knobs given, the rest by ``bsr_stream.default_knobs`` for the matrix's shape and
-    density where known."""
+def _block_resolve(kernel, program, knobs, shape, density) -> dict:
+    """The knobs given, the rest by a few-column BSR kernel's ``default_knobs`` for the
+    matrix's shape and density where known (30 % of blocks stored where not)."""
     m = match(program, "cuda")
     rows, cols = shape if shape else (0, 0)
-    return bsr_stream.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs)
+    return kernel.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs)
+
+
+def _bsr_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
+                 density: Optional[float] = None) -> dict:
+    return _block_resolve(bsr_stream, program, knobs, shape, density)
 
 
 def _bsr_prune(program, knobs) -> Optional[str]:
@@ -539,11 +543,7 @@ def bsr_stream_spmm(built, program, *, nb: int, warps: int, stages: int, cluster
 
 def _ring_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
                   density: Optional[float] = None) -> dict:
-    """The knobs given, the rest by ``bsr_ring.default_knobs`` for the matrix's shape and
-    density where known."""
-    m = match(program, "cuda")
-    rows, cols = shape if shape else (0, 0)
-    return bsr_ring.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs)
+    return _block_resolve(bsr_ring, program, knobs, shape, density)
 
 
 def _ring_prune(program, knobs) -> Optional[str]:

@@ -88,7 +88,7 @@ def test_compile_reaches_it_by_capability():
     bsr_stream keeps widths that are not a multiple of 8, its own knobs, and many block rows
     of 16 x 16 blocks at 16 columns; the block-row template keeps sparse or narrow matrices."""
     import sparsec
-    from sparsec import dsl, formats
+    from sparsec import formats
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((200, 1100)).astype(np.float16)
@@ -112,13 +112,9 @@ def test_compile_reaches_it_by_capability():
     assert "bk" in sparsec.compile("spmm", tall_inst, target="cuda", feat=16).knobs
     assert "per_stage" in sparsec.compile("spmm", tall_inst, target="cuda", feat=32).knobs
 
-    mine = dsl.Operator("my_product", "Y = W @ X, written by a user")
-    i = mine.dense_fixed("i")
-    j = mine.sparse_variable("j", parent=i)
-    f = mine.dense_fixed("f", extent="feat")
-    W, X, Y = mine.sparse_input("W", (i, j)), mine.dense_input("X", (j, f)), mine.dense_output("Y", (i, f))
-    with mine.iterate([i, j, f], "SRS") as (ii, jj, ff):
-        Y[ii, ff] += W[ii, jj] * X[jj, ff]
+    from dense_ops import _spmm
+
+    mine, *_ = _spmm("my_product", "C = A @ B, written by a user")
     assert set(sparsec.compile(mine, inst, target="cuda", feat=8).knobs) == set(br.KNOBS)
 
 

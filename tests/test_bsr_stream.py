@@ -153,16 +153,12 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     assert "n_tile" in sparsec.compile("spmm", "bsr:32x32", target="cuda", feat=16, dtype="float16").knobs
     assert sparsec.compile("spmm", sparse, target="cuda", feat=16, knobs={"warps": 4}).knobs["warps"] == 4
 
-    mine = dsl.Operator("my_product", "Y = W @ X, written by a user")
-    i = mine.dense_fixed("i")
-    j = mine.sparse_variable("j", parent=i)
-    f = mine.dense_fixed("f", extent="feat")
-    W, X, Y = mine.sparse_input("W", (i, j)), mine.dense_input("X", (j, f)), mine.dense_output("Y", (i, f))
-    with mine.iterate([i, j, f], "SRS") as (ii, jj, ff):
-        Y[ii, ff] += W[ii, jj] * X[jj, ff]
+    from dense_ops import _spmm
+
+    mine, I, K, C = _spmm("my_product", "C = A @ B, written by a user")
     assert set(sparsec.compile(mine, inst, target="cuda", feat=5).knobs) == set(bs.KNOBS)
-    with mine.iterate([i, f], "SS") as (ii, ff):  # an epilogue: the block-row template carries it
-        Y[ii, ff] = dsl.relu(Y[ii, ff])
+    with mine.iterate([I, K], "SS") as (ii, kk):  # an epilogue: the block-row template carries it
+        C[ii, kk] = dsl.relu(C[ii, kk])
     assert "n_tile" in sparsec.compile(mine, inst, target="cuda", feat=8).knobs
 
 
