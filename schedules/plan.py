@@ -33,16 +33,17 @@ class Use:
 
 
 def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Optional[Tuple[int, int]] = None,
-              density: Optional[float] = None) -> List[Use]:
+              density: Optional[float] = None, clusters: bool = True) -> List[Use]:
     """The transformations the default schedule applies to ``program`` on ``target_kind``
     ("llvm" or "cuda"); ``knobs`` as far as they decide the template (the Tensor Core
     template's ``n_tile``, a CUDA-core knob that keeps an SDDMM off Tensor Cores);
     ``shape`` and ``density`` (stored entries per element) of the matrix a kernel is
     compiled for, where they decide it as they do in ``sparsec.compile`` (BSR float16 at few
-    columns: ``bsr_ring``, ``bsr_stream`` or the block-row template)."""
+    columns: ``bsr_ring``, ``bsr_stream`` or the block-row template); ``clusters``: the CUDA
+    arch has thread-block clusters (sm_90 on), as ``sparsec.compile`` reads it off the target."""
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
-    packed = tensorcore_packed.match(program, target_kind, shape=shape, density=density)
+    packed = tensorcore_packed.match(program, target_kind, shape=shape, density=density, clusters=clusters)
     if packed is not None and not tensorcore_packed.defers(packed, knobs):
         return [Use(tensorcore_packed.transformation_for(packed, knobs), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):

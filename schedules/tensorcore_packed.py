@@ -81,17 +81,20 @@ class PackedSpmm:
     sized_for: Optional[Tuple[int, int, int]] = None
     tile: Optional[Tuple[int, int]] = None  # tiled_bitmap: the format's tile shape
     density: Optional[float] = None  # the matrix's stored entries per element, when compiled for one
+    clusters: bool = True  # the target has thread-block clusters and mbarrier waits (sm_90 on)
 
 
 def match(program, target_kind: str, kc: Optional[int] = None,
-          shape: Optional[Tuple[int, int]] = None, density: Optional[float] = None) -> Optional[PackedSpmm]:
+          shape: Optional[Tuple[int, int]] = None, density: Optional[float] = None,
+          clusters: bool = True) -> Optional[PackedSpmm]:
     """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None.
     ``kc``: the gathered row length of the matrix a kernel is compiled for (it picks the
     pipeline's depth, :func:`default_pipeline_knobs`); ``shape``: that matrix's (rows, cols),
     for which the kernel carries a sized body (``tc_pipeline.spmm``'s and
     ``srbcrs_tensorcore.spmm_srbcrs_int8``'s ``fast_for``); ``density``: its stored entries
     per element (the tiled kernel sizes its slots by it). The kernel still runs on any
-    matrix of the format."""
+    matrix of the format. ``clusters``: the target has thread-block clusters (sm_90 on;
+    without them the few-column BSR kernels defer and tiled SpMM takes ``tiled_tensorcore``)."""
     from sparsec.formats.registry import tensor_core_layout
 
     if target_kind != "cuda" or program.bound.composite or len(program.bound.parts) != 1:
@@ -139,7 +142,7 @@ def match(program, target_kind: str, kc: Optional[int] = None,
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
                       transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile,
-                      density if layout in ("tiled_bitmap", "bsr_blocks") else None)
+                      density if layout in ("tiled_bitmap", "bsr_blocks") else None, bool(clusters))
 
 
 def _spmm_structure(program):
@@ -602,8 +605,8 @@ def defers(m: PackedSpmm, knobs=None) -> bool:
     """True where the block-row BSR template (``schedules.tensorcore``) runs a program the
     few-column kernels (``bsr_ring``, ``bsr_stream``) could take: its knobs (n_tile,
     k_split, ...) are given; or none of theirs is, and the matrix compiled for (if any) is
-    sparser or narrower than where they win (a format spec alone: the block-row template
-    too). On the H200's blocks suite ``bsr_ring`` beat ``bsr_stream`` in 23 of 24 cases of
+    sparser or narrower than where they win (a format spec alone, or an arch without
+    thread-block clusters: the block-row template too). On the H200's blocks suite ``bsr_ring`` beat ``bsr_stream`` in 23 of 24 cases of
     that region and lost to the block-row template in most outside it, whose fewer dependent
     steps win on short walks (results/bsr_small_feat_ring_H200.json)."""
     if m.layout != "bsr_blocks":
@@ -612,8 +615,8 @@ def defers(m: PackedSpmm, knobs=None) -> bool:
     if set(knobs) - set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS):
         return True
     if knobs:
-        return False
-    if m.sized_for is None or m.density is None:
+        return False  # their knobs given: theirs, or a refusal that names the arch
+    if not m.clusters or m.sized_for is None or m.density is None:
         return True
     return m.density < BSR_STREAM_MIN_DENSITY or m.sized_for[1] < BSR_STREAM_MIN_COLS
 
@@ -631,13 +634,15 @@ def _streams(m: PackedSpmm, knobs=None) -> bool:
 
 
 _TRANSFORMATIONS = {"srbcrs_int8": srbcrs_int8_spmm, "tiled_bitmap": tiled_tc_spmm}
+CLUSTER_KERNELS = (bsr_ring_spmm, bsr_stream_spmm, tiled_stream_spmm)  # sm_90 on
 
 
 def transformation_for(m: PackedSpmm, knobs=None):
     """The transformation that builds ``m``'s kernel (``knobs``: those given, which may
     name one tiled kernel over the other)."""
-    if m.layout == "tiled_bitmap" and _streams(m, knobs):
-        return tiled_stream_spmm
+    stream_only = set(knobs or {}) & (set(tiled_stream.KNOBS) - set(tiled_tc.KNOBS))
+    if m.layout == "tiled_bitmap" and _streams(m, knobs) and (m.clusters or stream_only):
+        return tiled_stream_spmm  # without clusters only where its own knobs ask for it (then refused)
     if m.layout == "bsr_blocks":
         return bsr_ring_spmm if _rings(m, knobs) else bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
@@ -656,6 +661,9 @@ def schedule(program, m: PackedSpmm, **knobs):
     ValueError naming it."""
     t = transformation_for(m, knobs)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
+    if t in CLUSTER_KERNELS and not m.clusters:
+        raise ValueError(f"{t.name} launches thread-block clusters and waits on mbarriers, which need sm_90 or "
+                         f"later; this target has neither (compile for cuda:sm_90a, or leave its knobs out)")
     # the matrix's shape (and gathered row length), when known, pick the defaults
     shape = m.sized_for[:2] if m.sized_for else None
     if t is tc_pipeline_spmm:

@@ -88,7 +88,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     config, params = {}, _param_specs(program)
     packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance),
                                      shape=None if instance is None else instance.shape,
-                                     density=_density(instance))
+                                     density=_density(instance), clusters=spec.has_clusters)
     if packed is not None and tensorcore_packed.defers(packed, knobs):
         packed = None  # BSR: the block-row template's knobs given, or a matrix where it wins
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores

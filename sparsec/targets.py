@@ -27,6 +27,12 @@ class TargetSpec:
     def name(self) -> str:
         return self.kind if self.arch is None else f"{self.kind}:{self.arch}"
 
+    @property
+    def has_clusters(self) -> bool:
+        """A CUDA arch with thread-block clusters and ``mbarrier.try_wait`` (sm_90 on): what
+        the few-column BSR and tiled kernels launch with."""
+        return self.kind == "cuda" and self.arch is not None and int(self.arch[3:5]) >= 90
+
     def tvm_target(self) -> tvm.target.Target:
         if self.kind == "llvm":
             return tvm.target.Target({"kind": "llvm", "num-cores": _cores()})

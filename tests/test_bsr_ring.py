@@ -120,7 +120,8 @@ def test_compile_reaches_it_by_capability():
 
 def test_the_tuner_searches_it_where_compile_builds_it_and_featurizes_its_knobs():
     """For a matrix it takes, the tuner's BSR float16 candidates are its knobs (the untuned
-    one what sparsec.compile builds), and the cost model's features accept them."""
+    one what sparsec.compile builds), and the cost model's features accept them; tuning for
+    sm_80 searches the block-row template instead, as sparsec.compile builds it there."""
     import scipy.sparse as sp
 
     from sparsec.bench.suites import random_block_mask
@@ -135,3 +136,37 @@ def test_the_tuner_searches_it_where_compile_builds_it_and_featurizes_its_knobs(
     assert mine and all(set(c["schedule_knobs"]) == set(br.KNOBS) for c in mine)
     assert len({tuple(sorted(c["schedule_knobs"].items())) for c in mine}) > 1
     assert features.feature_matrix(mine, features.MatrixContext(m)).shape == (len(mine), len(features.FEATURE_NAMES))
+    old = Space("spmm", m, 64, "float16", families=("bsr",), size="small", target="cuda:sm_80")  # no clusters
+    theirs = [c for c in old.candidates if c["format"] == "bsr:16x16"]
+    assert theirs and not any(set(c["schedule_knobs"]) & {"per_stage", "cluster"} for c in theirs)
+
+
+def test_an_arch_without_clusters_gets_kernels_that_run_there():
+    """The few-column BSR kernels and the streaming tiled kernel launch thread-block clusters
+    and wait on mbarriers (sm_90 on): for sm_80, BSR defers to the block-row template and tiled
+    SpMM takes the tiled Tensor Core kernel (sparsec.compile passes the target's
+    ``has_clusters`` to the match); their own knobs given there are refused by name."""
+    import sparsec
+    from sparsec import formats, ops
+    from sparsec.formats import make_format
+    from sparsec.lower import lower_program
+    from sparsec.schedules import tensorcore_packed as tp
+    from sparsec.targets import parse_target
+
+    assert parse_target("cuda:sm_90a").has_clusters and not parse_target("cuda:sm_80").has_clusters
+    assert not parse_target("llvm").has_clusters
+
+    def packed(spec, feat, clusters):
+        _, program = lower_program(ops.get("spmm"), make_format(spec), {"feat": feat}, "float16", atomics=True)
+        return tp.match(program, "cuda", shape=(1024, 2048), density=0.3, clusters=clusters)
+
+    for feat in (20, 64):
+        assert not tp.defers(packed("bsr:32x32", feat, True)) and tp.defers(packed("bsr:32x32", feat, False))
+    assert tp.transformation_for(packed("tiled:16x64", 16, True)) is tp.tiled_stream_spmm
+    assert tp.transformation_for(packed("tiled:16x64", 16, False)) is tp.tiled_tc_spmm
+    rng = np.random.default_rng(3)
+    w = np.where(np.kron(rng.random((32, 64)) < 0.3, np.ones((32, 32))), rng.standard_normal((1024, 2048)),
+                 0).astype(np.float16)
+    with pytest.raises(ValueError, match="bsr_ring_spmm launches thread-block clusters .* need sm_90"):
+        sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda:sm_80", feat=64,
+                        knobs={"per_stage": 2})

@@ -81,12 +81,14 @@ def feature_slices(feat: int) -> List[int]:
 
 
 @lru_cache(maxsize=256)
-def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str, shape=None, density=None):
+def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str, shape=None, density=None,
+                  clusters: bool = True):
     """The transformations (``schedules.plan.Use``) that schedule ``op`` over the format
     ``spec`` at width ``feat`` on ``target_kind``, read off the lowered program; ``shape``
-    and ``density``: of the matrix, where the template depends on it (BSR float16)."""
+    and ``density``: of the matrix, where the template depends on it (BSR float16);
+    ``clusters``: the CUDA arch has thread-block clusters (sm_90 on)."""
     program = lower_flat(ops.get(op), make_format(spec), {"feat": feat}, dtype, atomics=target_kind == "cuda")
-    return tuple(templates(program, target_kind, shape=shape, density=density))
+    return tuple(templates(program, target_kind, shape=shape, density=density, clusters=clusters))
 
 
 def candidate(op: str, fmt: str, feat: int, dtype: str = "float32", format_knobs=None, schedule_knobs=None) -> dict:
@@ -135,6 +137,7 @@ class Space:
         self.op, self.feat, self.dtype, self.size = op, int(feat), dtype, size
         self.target = target
         self.target_kind = parse_target(target).kind
+        self.clusters = parse_target(target).has_clusters
         # validated once: the hyb rules below take the Canonical as it is (a MatrixContext's,
         # passed by tuned_config, is not validated again either)
         self._canon = canonical_csr(matrix)
@@ -216,8 +219,9 @@ class Space:
         spec = {"hyb": HYB_SHAPE_SPEC, "ell": f"ell:{max(int(self.stats['row_len_max']), 1)}"}.get(family, fam)
         if family == "bsr" and self.dtype == "float16":  # which BSR kernel runs depends on the matrix
             shape = tuple(int(d) for d in self.matrix.shape)
-            return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, shape, self._density())
-        return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind)
+            return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, shape, self._density(),
+                                 self.clusters)
+        return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, clusters=self.clusters)
 
     def _written(self, knobs: dict, uses, resolve_all: bool = False) -> dict:
         """``knobs`` with the defaults of every knob that takes effect filled in, resolved as
