@@ -36,7 +36,6 @@ SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 KNOBS = {"warps": (2, 4, 1, 8), "stages": (4, 8, 2), "cluster": (1, 2, 4, 8), "per_stage": (1, 2, 4),
          "col_split": (1, 2, 4)}
 MAX_FEAT = 64  # wider B: the block-row template, whose gathers of B are then worth their bytes
-SMS = 132  # streaming multiprocessors of an H100 / H200 SXM
 
 
 def takes(block, feat: int) -> bool:

@@ -583,14 +583,15 @@ def _rings(m: PackedSpmm, knobs=None) -> bool:
     """``bsr_ring`` takes this BSR SpMM: its block shape, a multiple of 8 columns of B up to
     64, no knob only ``bsr_stream`` has (``nb``, ``bk``) given, and not a matrix of many
     block rows of tiny blocks at few columns (``bsr_stream``'s own region)."""
-    if knobs and set(knobs) & (set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS)):
+    given = set(knobs or {})
+    if given & (set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS)) or not bsr_ring.takes(m.tile, m.feat):
         return False
-    if not bsr_ring.takes(m.tile, m.feat):
-        return False
+    if given & (set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)):
+        return True  # a knob only bsr_ring has
     r, c = m.tile
     tiny = r * c <= STREAM_TINY_BLOCK and m.feat <= STREAM_MAX_FEAT_TINY
     many = m.sized_for is not None and m.sized_for[0] >= STREAM_MIN_BLOCK_ROWS * r
-    return not (tiny and many and not (knobs and set(knobs) & (set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS))))
+    return not (tiny and many)
 
 
 # where the few-column kernels beat the block-row template (H200, benchmarks/results/
@@ -606,9 +607,10 @@ def defers(m: PackedSpmm, knobs=None) -> bool:
     few-column kernels (``bsr_ring``, ``bsr_stream``) could take: its knobs (n_tile,
     k_split, ...) are given; or none of theirs is, and the matrix compiled for (if any) is
     sparser or narrower than where they win (a format spec alone, or an arch without
-    thread-block clusters: the block-row template too). On the H200's blocks suite ``bsr_ring`` beat ``bsr_stream`` in 23 of 24 cases of
-    that region and lost to the block-row template in most outside it, whose fewer dependent
-    steps win on short walks (results/bsr_small_feat_ring_H200.json)."""
+    thread-block clusters: the block-row template too). On the H200's blocks suite
+    ``bsr_ring``'s ratio to dense beat ``bsr_stream``'s in 23 of 24 cases of that region and
+    lost to the block-row template's in most outside it, whose fewer dependent steps win on
+    short walks (results/bsr_small_feat_ring_H200.json against bsr_small_feat_H200.json)."""
     if m.layout != "bsr_blocks":
         return False
     knobs = knobs or {}

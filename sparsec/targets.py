@@ -31,7 +31,8 @@ class TargetSpec:
     def has_clusters(self) -> bool:
         """A CUDA arch with thread-block clusters and ``mbarrier.try_wait`` (sm_90 on): what
         the few-column BSR and tiled kernels launch with."""
-        return self.kind == "cuda" and self.arch is not None and int(self.arch[3:5]) >= 90
+        digits = re.match(r"sm_(\d+)", self.arch or "")
+        return self.kind == "cuda" and digits is not None and int(digits.group(1)) >= 90
 
     def tvm_target(self) -> tvm.target.Target:
         if self.kind == "llvm":

@@ -155,6 +155,9 @@ def test_an_arch_without_clusters_gets_kernels_that_run_there():
 
     assert parse_target("cuda:sm_90a").has_clusters and not parse_target("cuda:sm_80").has_clusters
     assert not parse_target("llvm").has_clusters
+    from sparsec.targets import TargetSpec
+
+    assert TargetSpec("cuda", "sm_100a").has_clusters and not TargetSpec("cuda", "sm_86").has_clusters
 
     def packed(spec, feat, clusters):
         _, program = lower_program(ops.get("spmm"), make_format(spec), {"feat": feat}, "float16", atomics=True)

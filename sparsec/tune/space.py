@@ -34,7 +34,7 @@ from __future__ import annotations
 import inspect
 import json
 from functools import lru_cache
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -155,8 +155,7 @@ class Space:
         # ``only``: ``transfer.config_key``s -- the schedules of just these configurations (and
         # the default), unpruned ones as the full space has them: a zero-shot pick ranks no
         # other, and skips the enumeration of every knob product (most of a pick's time)
-        self._only = None if only is None else _schedules_by_format(only)
-        self._only_parts = None if only is None else _hyb_parts(only)
+        self._only, self._only_parts = (None, None) if only is None else _listed(only)
         self.pruned: Dict[str, int] = {}
         self.candidates = self._enumerate()
         self.default = self._default()
@@ -414,25 +413,19 @@ class Space:
         return None
 
 
-def _schedules_by_format(keys: Iterable[str]) -> Dict[str, List[dict]]:
-    """Format -> the schedule knobs of ``transfer.config_key``s (JSON [op, format, col_parts,
-    schedule_knobs]), in the keys' sorted order (the candidates' order, which breaks the
-    model's ties, is then the same in every process)."""
-    out: Dict[str, List[dict]] = {}
-    for key in sorted(keys):  # a set's order changes with each process's string hashing: the pick's ties would too
-        _, fmt, _, sk = json.loads(key)
-        out.setdefault(fmt, []).append(sk)
-    return out
-
-
-def _hyb_parts(keys: Iterable[str]) -> set:
-    """The ``col_parts`` that the hyb configurations among ``transfer.config_key``s name."""
-    out = set()
-    for key in keys:
-        _, fmt, parts, _ = json.loads(key)
-        if fmt == "hyb" and parts is not None:
-            out.add(int(parts))
-    return out
+def _listed(keys: Iterable[str]) -> Tuple[Dict[str, List[dict]], set]:
+    """(format -> the schedule knobs, hyb's named ``col_parts``) of ``transfer.config_key``s
+    (JSON [op, format, col_parts, schedule_knobs]), in the keys' sorted order: a set's order
+    changes with each process's string hashing, and the candidates' order breaks the model's
+    ties, so the pick would too."""
+    schedules: Dict[str, List[dict]] = {}
+    parts = set()
+    for key in sorted(keys):
+        _, fmt, col_parts, sk = json.loads(key)
+        schedules.setdefault(fmt, []).append(sk)
+        if fmt == "hyb" and col_parts is not None:
+            parts.add(int(col_parts))
+    return schedules, parts
 
 
 def _product(grid: Dict[str, Sequence[Any]]) -> Iterable[dict]:
