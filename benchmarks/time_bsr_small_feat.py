@@ -8,7 +8,7 @@ pipeline depths at other widths). Every result is checked against
 float64 on a NaN-poisoned output first. Timed with sparsec.bench's timer (CUDA-graph
 replays), sparsec and ``torch.matmul`` side by side.
 
-    python3 benchmarks/time_bsr_small_feat.py [--sweep] [--feats 16 64] [--out FILE]
+    python3 benchmarks/time_bsr_small_feat.py [--sweep] [--blockrow] [--ring] [--feats 16 64] [--out FILE]
 """
 from __future__ import annotations
 
@@ -90,6 +90,20 @@ def suite_cases(quick: bool, only=None):
     return out
 
 
+def side_knobs(peer: str, b: int, feat: int, dense, density: float):
+    """The knobs that make ``sparsec.compile`` build ``peer`` ("blockrow": the block-row
+    template; "ring": ``bsr_ring``) with its defaults for this case, or None where it does
+    not take the case."""
+    from sparsec.schedules import bsr_ring
+    from sparsec.schedules import tensorcore as tc
+
+    if peer == "blockrow":
+        return tc.default_knobs(b, feat, dense.shape)
+    if not bsr_ring.takes((b, b), feat):
+        return None
+    return bsr_ring.default_knobs((b, b), feat, *dense.shape, density)
+
+
 def check_and_time(kernel, A, dense, feat, timed, torch, check=True):
     rng = np.random.default_rng(feat)
     B = torch.from_numpy(rng.standard_normal((dense.shape[1], feat)).astype(np.float16)).cuda()
@@ -121,6 +135,8 @@ def main():
     ap.add_argument("--cases", nargs="+", help="only the cases whose name contains one of these")
     ap.add_argument("--blockrow", action="store_true",
                     help="also time the block-row template (schedules.tensorcore) with its default knobs, side by side")
+    ap.add_argument("--ring", action="store_true",
+                    help="also time bsr_ring with its default knobs where it takes the case, side by side")
     ap.add_argument("--out")
     args = ap.parse_args()
     timed = make_timed("cuda")
@@ -150,18 +166,19 @@ def main():
             dense_ms = timed(lambda _: torch.matmul(At, B), [None])
             rows.append({"case": name, "shape": list(dense.shape), "block": b, "feat": feat, "knobs": k.knobs,
                          "ok": ok, "err": err, "sparsec_ms": ms, "dense_ms": dense_ms, "speedup": dense_ms / ms})
-            if args.blockrow:
-                from sparsec.schedules import tensorcore
-
-                old = tensorcore.default_knobs(b, feat, dense.shape)
-                if k.knobs == old:  # the default is the block-row template: the same kernel
+            for peer in [p for p in ("blockrow", "ring") if getattr(args, p)]:
+                knobs = side_knobs(peer, b, feat, dense, A.nnz / dense.size)
+                if knobs is None:
+                    continue
+                if k.knobs == knobs:  # the default is this kernel: the same kernel
                     okb, msb = ok, ms
                 else:
-                    kb = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=old)
+                    kb = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=knobs)
                     okb, _, msb, _ = check_and_time(kb, A, dense, feat, timed, torch)
-                rows[-1].update(blockrow_ms=msb, blockrow_ok=okb, blockrow_knobs=old, blockrow_speedup=dense_ms / msb)
-                rows[-1]["ok"] = ok and okb
-                print(f"    block-row template {msb:.4f} ms x{dense_ms / msb:.2f}", flush=True)
+                rows[-1].update({f"{peer}_ms": msb, f"{peer}_ok": okb, f"{peer}_knobs": knobs,
+                                 f"{peer}_speedup": dense_ms / msb})
+                rows[-1]["ok"] = rows[-1]["ok"] and okb
+                print(f"    {peer} {msb:.4f} ms x{dense_ms / msb:.2f}", flush=True)
             print(f"{'ok ' if ok else 'BAD'} {name:<34} feat={feat:<3} {ms:.4f} ms dense {dense_ms:.4f} ms "
                   f"x{dense_ms / ms:.2f} {k.knobs}", flush=True)
     sweep = []
@@ -210,10 +227,15 @@ def main():
         if sp:
             summary[feat] = {"min": min(sp), "geomean": float(np.exp(np.mean(np.log(sp)))), "cases": len(sp),
                              "slower_than_dense": sum(s < 1 for s in sp)}
-        br = [r["blockrow_speedup"] for r in rows if r["feat"] == feat and "blockrow_speedup" in r]
-        if br:
-            summary[feat].update(blockrow_min=min(br), blockrow_geomean=float(np.exp(np.mean(np.log(br)))),
-                                 blockrow_slower=sum(s < 1 for s in br))
+        for peer in ("blockrow", "ring"):
+            ps = [r[f"{peer}_speedup"] for r in rows if r["feat"] == feat and f"{peer}_speedup" in r]
+            if ps:
+                summary[feat].update({f"{peer}_min": min(ps), f"{peer}_geomean": float(np.exp(np.mean(np.log(ps)))),
+                                      f"{peer}_slower": sum(s < 1 for s in ps), f"{peer}_cases": len(ps)})
+        best = [max(r["speedup"], r.get("blockrow_speedup", 0), r.get("ring_speedup", 0))
+                for r in rows if r["feat"] == feat and "speedup" in r]
+        if best and any("ring_speedup" in r or "blockrow_speedup" in r for r in rows):
+            summary[feat].update(best_of_min=min(best), best_of_slower=sum(s < 1 for s in best))
         swept = [max(r["swept_speedup"], r["speedup"]) for r in rows if r["feat"] == feat and "swept_speedup" in r]
         if swept:
             summary[feat].update(swept_min=min(swept), swept_geomean=float(np.exp(np.mean(np.log(swept)))),
@@ -225,9 +247,12 @@ def main():
         Path(path).write_text(json.dumps(result, indent=1))
     print(f"{'feat':>5} {'cases':>6} {'min x':>7} {'geomean x':>10} {'slower':>7}   with the sweep's best knobs")
     for feat, s in summary.items():
-        if "blockrow_min" in s:
-            print(f"{feat:>5} block-row template: min x{s['blockrow_min']:.2f} geomean x{s['blockrow_geomean']:.2f} "
-                  f"slower {s['blockrow_slower']}")
+        for peer in ("blockrow", "ring"):
+            if f"{peer}_min" in s:
+                print(f"{feat:>5} {peer} alone: min x{s[peer + '_min']:.2f} geomean x{s[peer + '_geomean']:.2f} "
+                      f"slower {s[peer + '_slower']} of {s[peer + '_cases']}")
+        if "best_of_min" in s:
+            print(f"{feat:>5} best of the kernels per case: min x{s['best_of_min']:.2f} slower {s['best_of_slower']}")
         print(f"{feat:>5} {s['cases']:>6} {s['min']:>7.2f} {s['geomean']:>10.2f} {s['slower_than_dense']:>7}   "
               f"{s.get('swept_min', float('nan')):.2f} / {s.get('swept_geomean', float('nan')):.2f} / "
               f"{s.get('swept_slower', '-')}")

@@ -36,6 +36,11 @@ SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 KNOBS = {"warps": (2, 4, 1, 8), "stages": (4, 8, 2), "cluster": (1, 2, 4, 8), "per_stage": (1, 2, 4),
          "col_split": (1, 2, 4)}
 MAX_FEAT = 64  # wider B: the block-row template, whose gathers of B are then worth their bytes
+# a matrix of at most this many stored blocks has its whole ``indices`` copied into shared
+# memory by every CTA in the same round trip as its ``indptr`` entries, so the producer's
+# first copies wait on one dependent load from memory instead of two (at a few microseconds a
+# call, on layers of a few hundred blocks, a trip to memory is a sixth of the time)
+INDEX_CACHE = 1024
 
 
 def takes(block, feat: int) -> bool:
@@ -79,7 +84,9 @@ def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int
     p.red = r * nb  # floats of a CTA's partial tile (cluster reduction)
     p.red_halves = 2 * p.red if cluster > 1 else 0
     p.bar_halves = 8 * stages  # full and empty barriers, 8 bytes each
-    p.smem = (p.ring_halves + p.red_halves + p.bar_halves) * 2
+    p.idx_halves = 2 * INDEX_CACHE  # int32 block columns of a small matrix
+    p.idx_iters = -(-INDEX_CACHE // p.threads)
+    p.smem = (p.ring_halves + p.red_halves + p.bar_halves + p.idx_halves) * 2
     p.a_chunks = r * c // 8  # 16-byte chunks of a block
     p.b_chunks = c * nb // 8  # of B's rows for it
     if p.smem > SMEM_LIMIT:
@@ -145,6 +152,7 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
     cp, ldm, ldm_t, ldm_t2, mma = mma_ops()
     arrive_copies = T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"]
     arrive = T.ptx["mbarrier.arrive.shared::cta.b64"]
+    ld_idx, st_idx = T.ptx["ld.shared.s32"], T.ptx["st.shared.b32"]
     full_mask = T.uint32(0xFFFFFFFF)
     sum_each = sum_share(p.red, S, p.threads)
     sum_cluster = cluster_sum(p.red, nb, feat, p.threads, S) if S > 1 else None
@@ -158,27 +166,34 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         return base + T.Cast("uint32", halves * 2)
 
     @T.macro
-    def produce(sb, win, indices, values, B, K, q0, cnt, f0, j, tx):
+    def produce(sb, win, indices, values, B, K, q0, cnt, f0, j, tx, cached):
         """Copy stage ``j``'s blocks (``per_stage`` of them from the CTA's ``j * per_stage``-th)
-        and B's rows for each; signal the stage's full barrier when they land."""
+        and B's rows for each; signal the stage's full barrier when they land. A block's
+        copies go out before its column is read (they need only ``indptr``); ``cached``: the
+        columns are in shared memory (``Idx``), else a window of 32 is loaded and shuffled."""
         s = T.meta_var(j % D)
         if j >= D:
             T.cuda.mbarrier_wait(sb[1] + T.Cast("uint32", (D + s) * 8), (j // D - 1) % 2)  # consumers done with it
         for g in T.unroll(G):
             i = T.meta_var(j * G + g)
-            if i % 32 == 0:
-                win[0] = T.if_then_else(i + tx < cnt, indices[T.min(q0 + i + tx, indices.shape[0] - 1)], 0)
-            col = T.call_extern("int32", "__shfl_sync", full_mask, win[0], i % 32)
+            base = T.meta_var(s * p.stage_halves + g * p.block_halves)
             if i < cnt:
-                base = T.meta_var(s * p.stage_halves + g * p.block_halves)
                 for it in T.unroll(a_iters):
                     e = T.meta_var(it * 32 + tx)
                     if e < p.a_chunks:
                         cp(at(sb[0], base + e // (Cb // 8) * AP + e % (Cb // 8) * 8),
                            values.access_ptr("r", offset=(q0 + i) * (R * Cb) + e * 8, extent=8), 16, T.uint32(16))
+            if cached:
+                if i < cnt:
+                    ld_idx(win[1], sb[2] + T.Cast("uint32", (q0 + i) * 4))
+            else:
+                if i % 32 == 0:
+                    win[0] = T.if_then_else(i + tx < cnt, indices[T.min(q0 + i + tx, indices.shape[0] - 1)], 0)
+                win[1] = T.call_extern("int32", "__shfl_sync", full_mask, win[0], i % 32)
+            if i < cnt:
                 for it in T.unroll(b_iters):
                     e = T.meta_var(it * 32 + tx)
-                    k = T.meta_var(col * Cb + e // per8)
+                    k = T.meta_var(win[1] * Cb + e // per8)
                     if e < p.b_chunks:
                         cp(at(sb[0], base + p.a_halves + e // per8 * BP + e % per8 * 8),
                            B.access_ptr("r", offset=T.min(k, K - 1) * feat + f0 + e % per8 * 8, extent=8), 16,
@@ -236,43 +251,57 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
             T.launch_thread(cx, S)
         T.launch_thread(ty, W + 1)
         T.launch_thread(tx, 32)
-        # one dynamic buffer: the ring of stages, the partial tile (clusters), the barriers
-        Vs = T.alloc_buffer((p.ring_halves + p.red_halves + p.bar_halves,), "float16", scope="shared.dyn",
+        # one dynamic buffer: the ring of stages, the partial tile (clusters), the barriers, the
+        # columns of a small matrix's blocks
+        Vs = T.alloc_buffer((p.ring_halves + p.red_halves + p.bar_halves + p.idx_halves,), "float16",
+                            scope="shared.dyn",
                             align=128)
         Red = T.decl_buffer((max(p.red, 1),), "float32", data=Vs.data, elem_offset=p.ring_halves // 2,
                             scope="shared.dyn")
         red_base = T.decl_buffer((max(p.red_halves, 1),), "float16", data=Vs.data, elem_offset=p.ring_halves,
                                  scope="shared.dyn")  # the partial tile's address, for distributed shared memory
-        sb = T.alloc_buffer((2,), "uint32", scope="local")  # the ring's shared address, the barriers'.
+        sb = T.alloc_buffer((3,), "uint32", scope="local")  # the ring's shared address, the barriers', the columns'.
         acc = T.alloc_buffer((ntw * 4,), "float32", scope="local")
         af = T.alloc_buffer((4,), "uint32", scope="local")
         bf = T.alloc_buffer((4,), "uint32", scope="local")
         # the CTA's first stored block, its count of them, its stages, its first column of B,
         # the block row's first and end stored block
         rng = T.alloc_buffer((6,), "int32", scope="local")
-        win = T.alloc_buffer((1,), "int32", scope="local")  # lane l: the column of the window's l-th block
+        # lane l: the column of the window's l-th block; the column of the block being copied
+        win = T.alloc_buffer((2,), "int32", scope="local")
+        held = T.alloc_buffer((p.idx_iters,), "int32", scope="local")  # a thread's share of a small indices
         mapped = T.alloc_buffer((1,), "uint64", scope="local")
         sums = T.alloc_buffer((sum_each,), "float32", scope="local")
         rank = T.meta_var(bx % S)
         br = T.meta_var(bx // S // NS)
         live = T.meta_var(br < nbr)
+        cached = T.meta_var(T.And(nnzb > 0, nnzb <= INDEX_CACHE))
         tid = T.meta_var(ty * 32 + tx)
         sb[0] = T.call_extern("uint32", "__cvta_generic_to_shared", Vs.access_ptr("w"))
         sb[1] = sb[0] + T.uint32((p.ring_halves + p.red_halves) * 2)
+        sb[2] = sb[1] + T.uint32(p.bar_halves * 2)
         rng[3] = bx // S % NS * nb
+        # the row's indptr entries and, for a small matrix, every block's column: loads that
+        # do not depend on each other, in flight together (stored once all are issued)
+        rng[4] = T.if_then_else(live, indptr[T.min(br, n_ptr - 1)], 0)
+        rng[5] = T.if_then_else(live, indptr[T.min(br + 1, n_ptr - 1)], 0)
+        if cached:
+            for it in T.unroll(p.idx_iters):
+                held[it] = indices[T.min(it * p.threads + tid, T.max(nnzb - 1, 0))]
+            for it in T.unroll(p.idx_iters):
+                if it * p.threads + tid < nnzb:
+                    st_idx(sb[2] + T.Cast("uint32", (it * p.threads + tid) * 4), held[it])
         if tid == 0:
             for s in T.unroll(D):
                 T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32(s * 8), 32)  # the producer's 32 lanes
                 T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32((D + s) * 8), W)  # a lane of each consumer
         T.tvm_storage_sync("shared")
-        rng[4] = T.if_then_else(live, indptr[T.min(br, n_ptr - 1)], 0)
-        rng[5] = T.if_then_else(live, indptr[T.min(br + 1, n_ptr - 1)], 0)
         rng[0] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * rank // S)
         rng[1] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * (rank + 1) // S) - rng[0]
         rng[2] = (rng[1] + G - 1) // G
         if ty == W:
             for j in range(rng[2]):
-                produce(sb, win, indices, values, B, K, rng[0], rng[1], rng[3], j, tx)
+                produce(sb, win, indices, values, B, K, rng[0], rng[1], rng[3], j, tx, cached)
         else:
             mi = T.meta_var(ty % MT)
             n0 = T.meta_var(ty // MT * ntw * 8)
