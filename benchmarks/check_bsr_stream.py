@@ -13,7 +13,8 @@ empty one, a single block row holding every block column (its walk crosses windo
 blocks and, with a small ``bk``, many phases of B) among empty rows, explicit zeros stored
 in a block, a dense one, blocks of 16 to 64 rows and 16 to 64 columns, and the MiniLM layers
 where cached; N = 1, 5, 8, 16, 20, 33, 64 (the ring kernel: multiples of 8, and its blocks
-of 16, 32 or 64 rows); every knob value at least once. Writes
+of 16, 32 or 64 rows); every knob value at least once; matrices of up to and of more than
+``bsr_ring.INDEX_CACHE`` stored blocks (their columns in shared memory or read in windows). Writes
 ``$OUT/check_bsr_<kernel>.json``; prints a table last; exits 1 on any wrong result.
 """
 from __future__ import annotations
@@ -51,6 +52,10 @@ def weights(rng):
         ("odd-97x515-b16x64-s70", block_pruned(rng, (97, 515), (16, 64), 0.7), (16, 64)),
         ("dense-64x96-b16", rng.standard_normal((64, 96)).astype(np.float16), (16, 16)),
         ("empty-128x256-b16", np.zeros((128, 256), np.float16), (16, 16)),
+        # bsr_ring copies a matrix's block columns to shared memory up to INDEX_CACHE blocks:
+        # exactly that many, and more (windows of 32 columns read from memory, rows of ~50)
+        ("dense-512x512-b16-1024-blocks", rng.standard_normal((512, 512)).astype(np.float16), (16, 16)),
+        ("odd-1100x1600-b16-s50", block_pruned(rng, (1100, 1600), (16, 16), 0.5), (16, 16)),
     ]
     one = np.zeros((80, 16 * 300), np.float16)  # block row 1 holds all 300 block columns
     one[16:32] = rng.standard_normal((16, 16 * 300)).astype(np.float16)
