@@ -41,6 +41,7 @@ MAX_FEAT = 64  # wider B: the block-row template, whose gathers of B are then wo
 # first copies wait on one dependent load from memory instead of two (at a few microseconds a
 # call, on layers of a few hundred blocks, a trip to memory is a sixth of the time)
 INDEX_CACHE = 1024
+SKEWED = 1.75  # longest block row over the mean from which default_knobs splits rows 8 ways
 
 
 def takes(block, feat: int) -> bool:
@@ -103,7 +104,8 @@ def _fits(block, feat, knobs) -> bool:
     return True
 
 
-def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None) -> dict:
+def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None,
+                  skew: float = 1.0) -> dict:
     """A rule fitted to the H200 probe's sweep (``probe_bsr_bulk_r3_H200.json``: 54 cases,
     every variant timed; this rule's pick is within 4.5 % of each case's best on geomean,
     41 % at worst). B's columns split in two at 32+ columns where there are fewer than 64
@@ -111,7 +113,13 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     12K+ halves (its blocks and B's rows for them) and the grid stays under 400 CTAs; two
     warps a 16-row tile up to 32-row blocks, one for 64; four blocks a stage on walks of 24+
     blocks, two on walks of 2+ (64-row blocks: one). ``rows`` x ``cols`` default to 4096 x
-    4096; ``fixed``: knobs already chosen."""
+    4096; ``fixed``: knobs already chosen.
+
+    ``skew``: the longest block row's stored blocks over the mean (1 where unknown). The
+    probe's rows were even; a real pruned weight's are not (MiniLM's FFN-out at 70 %: the
+    longest row 1.8-2.3x the mean), and the longest walk then sets the time: a cluster of 8
+    instead of 4 from :data:`SKEWED` on (H200, MiniLM layer 0 FFN-out, blocks 16/32/64 at
+    70 %, 16 and 64 columns: faster in 6 of 6, by 5-21 %)."""
     r, c = (int(b) for b in block)
     fixed = dict(fixed or {})
     rows, cols = rows or 4096, cols or 4096
@@ -121,6 +129,8 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     nb = max(feat // col_split, 1)
     moved = per_row * (r * c + c * nb) / 1024  # thousands of halves a block row moves
     cluster = fixed.get("cluster", 4 if nbr * col_split * 4 <= 400 and moved >= 12 else 1)
+    if cluster == 4 and "cluster" not in fixed and skew >= SKEWED and nbr * col_split * 8 <= 400:
+        cluster = 8
     mt = r // 16
     warps = fixed.get("warps")
     if warps is None:

@@ -82,11 +82,12 @@ class PackedSpmm:
     tile: Optional[Tuple[int, int]] = None  # tiled_bitmap: the format's tile shape
     density: Optional[float] = None  # the matrix's stored entries per element, when compiled for one
     clusters: bool = True  # the target has thread-block clusters and mbarrier waits (sm_90 on)
+    skew: Optional[float] = None  # BSR: the longest block row's stored blocks over the mean, when compiled for one
 
 
 def match(program, target_kind: str, kc: Optional[int] = None,
           shape: Optional[Tuple[int, int]] = None, density: Optional[float] = None,
-          clusters: bool = True) -> Optional[PackedSpmm]:
+          clusters: bool = True, skew: Optional[float] = None) -> Optional[PackedSpmm]:
     """The packed Tensor Core SpMM that computes ``program`` on ``target_kind``, or None.
     ``kc``: the gathered row length of the matrix a kernel is compiled for (it picks the
     pipeline's depth, :func:`default_pipeline_knobs`); ``shape``: that matrix's (rows, cols),
@@ -94,7 +95,8 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     ``srbcrs_tensorcore.spmm_srbcrs_int8``'s ``fast_for``); ``density``: its stored entries
     per element (the tiled kernel sizes its slots by it). The kernel still runs on any
     matrix of the format. ``clusters``: the target has thread-block clusters (sm_90 on;
-    without them the few-column BSR kernels defer and tiled SpMM takes ``tiled_tensorcore``)."""
+    without them the few-column BSR kernels defer and tiled SpMM takes ``tiled_tensorcore``).
+    ``skew``: a BSR matrix's longest block row over its mean (``bsr_ring``'s cluster size)."""
     from sparsec.formats.registry import tensor_core_layout
 
     if target_kind != "cuda" or program.bound.composite or len(program.bound.parts) != 1:
@@ -142,7 +144,8 @@ def match(program, target_kind: str, kc: Optional[int] = None,
         sized = (int(shape[0]), int(shape[1]), int(kc) if layout == "gather" else 0)
     return PackedSpmm(layout, feat, vec, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
                       transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile,
-                      density if layout in ("tiled_bitmap", "bsr_blocks") else None, bool(clusters))
+                      density if layout in ("tiled_bitmap", "bsr_blocks") else None, bool(clusters),
+                      skew if layout == "bsr_blocks" else None)
 
 
 def _spmm_structure(program):
@@ -509,12 +512,14 @@ def tiled_stream_spmm(built, program, *, nb: int, warps: int, stages: int, clust
     built.mod = IRModule({program.name: func})
 
 
-def _block_resolve(kernel, program, knobs, shape, density) -> dict:
+def _block_resolve(kernel, program, knobs, shape, density, **known) -> dict:
     """The knobs given, the rest by a few-column BSR kernel's ``default_knobs`` for the
-    matrix's shape and density where known (30 % of blocks stored where not)."""
+    matrix's shape and density where known (30 % of blocks stored where not); ``known``:
+    what else the kernel's rule reads, where known (``skew``)."""
     m = match(program, "cuda")
     rows, cols = shape if shape else (0, 0)
-    return kernel.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs)
+    return kernel.default_knobs(m.tile, m.feat, rows, cols, 0.3 if density is None else density, fixed=knobs,
+                                **{k: v for k, v in known.items() if v is not None})
 
 
 def _bsr_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
@@ -545,8 +550,8 @@ def bsr_stream_spmm(built, program, *, nb: int, warps: int, stages: int, cluster
 
 
 def _ring_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
-                  density: Optional[float] = None) -> dict:
-    return _block_resolve(bsr_ring, program, knobs, shape, density)
+                  density: Optional[float] = None, skew: Optional[float] = None) -> dict:
+    return _block_resolve(bsr_ring, program, knobs, shape, density, skew=skew)
 
 
 def _ring_prune(program, knobs) -> Optional[str]:
@@ -677,7 +682,7 @@ def schedule(program, m: PackedSpmm, **knobs):
     elif t is bsr_stream_spmm:
         knobs = _bsr_resolve(program, knobs, shape, m.density)
     elif t is bsr_ring_spmm:
-        knobs = _ring_resolve(program, knobs, shape, m.density)
+        knobs = _ring_resolve(program, knobs, shape, m.density, m.skew)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()

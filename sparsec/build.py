@@ -88,7 +88,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     config, params = {}, _param_specs(program)
     packed = tensorcore_packed.match(program, spec.kind, kc=_gathered_row_length(instance),
                                      shape=None if instance is None else instance.shape,
-                                     density=_density(instance), clusters=spec.has_clusters)
+                                     density=_density(instance), clusters=spec.has_clusters,
+                                     skew=_row_skew(instance))
     if packed is not None and tensorcore_packed.defers(packed, knobs):
         packed = None  # BSR: the block-row template's knobs given, or a matrix where it wins
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
@@ -119,6 +120,17 @@ def _density(inst) -> Optional[float]:
         return None
     elements = int(np.prod(inst.shape))
     return inst.nnz / elements if elements else 0.0
+
+
+def _row_skew(inst) -> Optional[float]:
+    """The longest row's stored entries over the mean, by the matrix's ``indptr`` (a BSR
+    matrix's block rows; None without one): a real pruned weight's rows are uneven, and the
+    longest walk sets a few-column kernel's time."""
+    if not isinstance(inst, FormatInstance) or "indptr" not in inst.arrays:
+        return None
+    lengths = np.diff(np.asarray(inst.arrays["indptr"], dtype=np.int64))
+    mean = float(lengths.mean()) if lengths.size else 0.0
+    return float(lengths.max()) / mean if mean > 0 else None
 
 
 def _gathered_row_length(inst) -> Optional[int]:

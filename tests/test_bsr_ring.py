@@ -81,6 +81,33 @@ def test_defaults_fit_and_follow_the_matrix():
     assert br.default_knobs((32, 32), 64, 0, 0, 0.3, fixed={"cluster": 8})["cluster"] == 8
 
 
+def test_uneven_rows_split_eight_ways():
+    """A weight whose longest block row holds SKEWED times the mean or more gets a cluster
+    of 8 where even rows get 4 (the longest walk sets the time); the rule keeps 4 where 8
+    would pass the grid's 400 CTAs, and a cluster given stays."""
+    even = br.default_knobs((32, 32), 64, 384, 1536, 0.3)
+    assert even["cluster"] == 4
+    assert br.default_knobs((32, 32), 64, 384, 1536, 0.3, skew=br.SKEWED)["cluster"] == 8
+    assert br.default_knobs((32, 32), 64, 384, 1536, 0.3, skew=1.5)["cluster"] == 4
+    assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3, skew=3.0)["cluster"] == 4  # 32 x 2 x 8 > 400 CTAs
+    assert br.default_knobs((32, 32), 64, 384, 1536, 0.3, skew=3.0, fixed={"cluster": 2})["cluster"] == 2
+    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3, skew=3.0)["cluster"] == 1
+
+    import sparsec
+    from sparsec import formats
+
+    rng = np.random.default_rng(3)
+    keep = rng.random((12, 48)) < 0.3  # 12 block rows of 32 x 32 blocks, ~14 stored each
+    keep[5] = True  # one row holds all 48: 3x the mean
+    w = (np.kron(keep, np.ones((32, 32))) * rng.standard_normal((384, 1536))).astype(np.float16)
+    assert sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda", feat=64).knobs["cluster"] == 8
+    keep[5] = rng.random(48) < 0.3
+    w = (np.kron(keep, np.ones((32, 32))) * rng.standard_normal((384, 1536))).astype(np.float16)
+    skew = keep.sum(1).max() / keep.sum(1).mean()
+    kernel = sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda", feat=64)
+    assert kernel.knobs["cluster"] == (8 if skew >= br.SKEWED else 4)
+
+
 def test_compile_reaches_it_by_capability():
     """sparsec.compile builds it for float16 SpMM on BSR at a multiple of 8 columns up to 64,
     where the matrix is dense enough and wide enough for the few-column kernels, for the
