@@ -600,7 +600,7 @@ def _rings(m: PackedSpmm, knobs=None) -> bool:
 
 
 # where the few-column kernels beat the block-row template (H200, benchmarks/results/
-# bsr_small_feat_H200.json, bsr_small_feat_ring_H200.json): a matrix with at least this share
+# bsr_small_feat_stream_H200.json, bsr_small_feat_ring_H200.json): a matrix with at least this share
 # of its blocks stored and this many columns; sparser or shorter rows are a few blocks each,
 # and the block-row template's shorter prologue wins
 BSR_STREAM_MIN_DENSITY = 0.2
@@ -615,7 +615,7 @@ def defers(m: PackedSpmm, knobs=None) -> bool:
     thread-block clusters: the block-row template too). On the H200's blocks suite
     ``bsr_ring``'s ratio to dense beat ``bsr_stream``'s in 23 of 24 cases of that region and
     lost to the block-row template's in most outside it, whose fewer dependent steps win on
-    short walks (results/bsr_small_feat_ring_H200.json against bsr_small_feat_H200.json)."""
+    short walks (results/bsr_small_feat_ring_H200.json against bsr_small_feat_stream_H200.json)."""
     if m.layout != "bsr_blocks":
         return False
     knobs = knobs or {}
