@@ -91,6 +91,8 @@ RING_SETTINGS = [
     (40, {"cluster": 8, "stages": 8, "per_stage": 2}), (64, {"col_split": 4, "cluster": 4, "per_stage": 1}),
     (64, {"col_split": 2, "warps": 8, "per_stage": 4, "stages": 8}), (32, {"warps": 1, "col_split": 1}),
     (16, {"warps": 2, "cluster": 1, "per_stage": 4}),
+    (64, {"teams": 4, "stages": 8, "per_stage": 4, "cluster": 1}), (16, {"teams": 2, "cluster": 1}),
+    (40, {"teams": 2, "stages": 8, "cluster": 1, "per_stage": 1}),
 ]
 KERNELS = {  # --kernel: (its settings, its module, how its CUDA source and knobs show it)
     "stream": (STREAM_SETTINGS, "bsr_stream", lambda src, knobs: "__ballot_sync" in src and "bk" in knobs),

@@ -34,7 +34,7 @@ from .warp_mma import check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 KNOBS = {"warps": (2, 4, 1, 8), "stages": (4, 8, 2), "cluster": (1, 2, 4, 8), "per_stage": (1, 2, 4),
-         "col_split": (1, 2, 4)}
+         "col_split": (1, 2, 4), "teams": (1, 2, 4)}
 MAX_FEAT = 64  # wider B: the block-row template, whose gathers of B are then worth their bytes
 # a matrix of at most this many stored blocks has its whole ``indices`` copied into shared
 # memory by every CTA in the same round trip as its ``indptr`` entries, so the producer's
@@ -51,16 +51,26 @@ def takes(block, feat: int) -> bool:
     return r in (16, 32, 64) and c % 16 == 0 and 16 <= c <= 128 and 8 <= feat <= MAX_FEAT and feat % 8 == 0
 
 
-def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int, col_split: int) -> SimpleNamespace:
+def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int, col_split: int,
+         teams: int = 1) -> SimpleNamespace:
     """The kernel's sizes, checked: ValueError naming the first thing it cannot take."""
     r, c = (int(b) for b in block)
     if r % 16 or not 16 <= r <= 64:
         raise ValueError(f"block rows should be 16, 32, 48 or 64 (16 rows an MMA), got {r}")
     if c % 16 or not 16 <= c <= 128:
         raise ValueError(f"block columns should be a multiple of 16 up to 128 (the MMA's k-step), got {c}")
-    check_sizes(feat=feat, warps=warps, stages=stages, cluster=cluster, per_stage=per_stage, col_split=col_split)
+    check_sizes(feat=feat, warps=warps, stages=stages, cluster=cluster, per_stage=per_stage, col_split=col_split,
+                teams=teams)
     check_knobs({"warps": warps, "stages": stages, "cluster": cluster, "per_stage": per_stage,
-                 "col_split": col_split}, KNOBS)
+                 "col_split": col_split, "teams": teams}, KNOBS)
+    if teams > 1 and cluster > 1:
+        raise ValueError(f"teams={teams} with cluster={cluster}: a row's walk is split either by teams of "
+                         f"consumer warps in one CTA or by the CTAs of a cluster, not both")
+    if warps * teams > 31:
+        raise ValueError(f"warps={warps} x teams={teams} consumer warps and the producer pass a CTA's 32 warps")
+    if stages % teams:
+        raise ValueError(f"stages={stages} should be a multiple of teams={teams} (a ring slot always feeds the "
+                         f"same team, so a team never waits a phase ahead)")
     if feat % 8 or feat > MAX_FEAT:
         raise ValueError(f"feat should be a multiple of 8 up to {MAX_FEAT} (B's rows copied 16 bytes at a "
                          f"time), got {feat}")
@@ -77,13 +87,13 @@ def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int
                          f"CTA's {nb} columns into 8-column tiles: take fewer warps or a smaller col_split")
     p = SimpleNamespace(r=r, c=c, feat=feat, W=warps, D=stages, S=cluster, G=per_stage, NS=col_split, nb=nb,
                         mt=mt, groups=groups, ntw=nb // 8 // groups, ks=c // 16, apitch=c + PAD, bpitch=nb + PAD,
-                        threads=(warps + 1) * 32)
+                        TM=teams, threads=(warps * teams + 1) * 32)
     p.a_halves = r * p.apitch
     p.block_halves = p.a_halves + c * p.bpitch
     p.stage_halves = per_stage * p.block_halves
     p.ring_halves = stages * p.stage_halves
-    p.red = r * nb  # floats of a CTA's partial tile (cluster reduction)
-    p.red_halves = 2 * p.red if cluster > 1 else 0
+    p.red = r * nb  # floats of a CTA's partial tile (cluster reduction; a team's, summed in the CTA)
+    p.red_halves = 2 * p.red * (teams if teams > 1 else (1 if cluster > 1 else 0))
     p.bar_halves = 8 * stages  # full and empty barriers, 8 bytes each
     p.idx_halves = 2 * INDEX_CACHE  # int32 block columns of a small matrix
     p.idx_iters = -(-INDEX_CACHE // p.threads)
@@ -140,7 +150,7 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     walk = per_row / cluster
     per_stage = fixed.get("per_stage", 1 if mt == 4 else (4 if walk >= 24 else (2 if walk >= 2 else 1)))
     knobs = {"warps": warps, "stages": fixed.get("stages", 4), "cluster": cluster, "per_stage": per_stage,
-             "col_split": col_split}
+             "col_split": col_split, "teams": fixed.get("teams", 1)}
     while not _fits(block, feat, knobs) and knobs["per_stage"] > 1 and "per_stage" not in fixed:
         knobs["per_stage"] //= 2
     while not _fits(block, feat, knobs) and knobs["stages"] > 2 and "stages" not in fixed:
@@ -149,15 +159,15 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
 
 
 def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluster: int = 1, per_stage: int = 1,
-         col_split: int = 1, name: str = "bsr_ring"):
+         col_split: int = 1, teams: int = 1, name: str = "bsr_ring"):
     """The PrimFunc ``name(indptr, indices, values, B, C)``: ``indptr`` (int32, block rows +
     1), ``indices`` (int32, block columns) and ``values`` (float16, the blocks row-major one
     after another) as ``formats.bsr`` stores them; B (K, feat) float16; C (M, feat) float32,
     written whole (no zero fill before). M and K are read from the operands."""
     from tvm.script import tirx as T
 
-    p = plan(block, feat, warps, stages, cluster, per_stage, col_split)
-    R, Cb, W, D, S, G, NS, nb = p.r, p.c, p.W, p.D, p.S, p.G, p.NS, p.nb
+    p = plan(block, feat, warps, stages, cluster, per_stage, col_split, teams)
+    R, Cb, W, D, S, G, NS, nb, TM = p.r, p.c, p.W, p.D, p.S, p.G, p.NS, p.nb, p.TM
     AP, BP, MT, ntw = p.apitch, p.bpitch, p.mt, p.ntw
     cp, ldm, ldm_t, ldm_t2, mma = mma_ops()
     arrive_copies = T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"]
@@ -169,6 +179,12 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
     a_iters = -(-p.a_chunks // 32)
     b_iters = -(-p.b_chunks // 32)
     per8 = nb // 8  # 16-byte chunks of a row of B's stage
+
+    def sum_teams(Red, e):
+        total = Red[e]
+        for t in range(1, TM):
+            total = total + Red[t * p.red + e]
+        return total
 
     def at(base, halves):
         """A shared address ``halves`` float16 past ``base`` (held in a register: TVM's
@@ -259,14 +275,14 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         if S > 1:
             cx = T.env_thread("clusterCtaIdx.x")
             T.launch_thread(cx, S)
-        T.launch_thread(ty, W + 1)
+        T.launch_thread(ty, W * TM + 1)
         T.launch_thread(tx, 32)
         # one dynamic buffer: the ring of stages, the partial tile (clusters), the barriers, the
         # columns of a small matrix's blocks
         Vs = T.alloc_buffer((p.ring_halves + p.red_halves + p.bar_halves + p.idx_halves,), "float16",
                             scope="shared.dyn",
                             align=128)
-        Red = T.decl_buffer((max(p.red, 1),), "float32", data=Vs.data, elem_offset=p.ring_halves // 2,
+        Red = T.decl_buffer((max(p.red * TM, 1),), "float32", data=Vs.data, elem_offset=p.ring_halves // 2,
                             scope="shared.dyn")
         red_base = T.decl_buffer((max(p.red_halves, 1),), "float16", data=Vs.data, elem_offset=p.ring_halves,
                                  scope="shared.dyn")  # the partial tile's address, for distributed shared memory
@@ -309,26 +325,34 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         rng[0] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * rank // S)
         rng[1] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * (rank + 1) // S) - rng[0]
         rng[2] = (rng[1] + G - 1) // G
-        if ty == W:
+        if ty == W * TM:
             for j in range(rng[2]):
                 produce(sb, win, indices, values, B, K, rng[0], rng[1], rng[3], j, tx, cached)
         else:
-            mi = T.meta_var(ty % MT)
-            n0 = T.meta_var(ty // MT * ntw * 8)
+            team = T.meta_var(ty // W)  # stage j goes to team j % teams
+            mi = T.meta_var(ty % W % MT)
+            n0 = T.meta_var(ty % W // MT * ntw * 8)
             for i in T.unroll(ntw * 4):
                 acc[i] = T.float32(0)
-            for j in range(rng[2]):
-                consume(sb, af, bf, acc, rng[1], j, mi, n0, tx)
+            for jj in range((rng[2] - team + TM - 1) // TM):
+                consume(sb, af, bf, acc, rng[1], team + jj * TM, mi, n0, tx)
             for t in T.unroll(ntw):
                 for h in T.unroll(2):
                     for e in T.unroll(2):
                         row = T.meta_var(mi * 16 + tx // 4 + h * 8)
                         col = T.meta_var(n0 + t * 8 + tx % 4 * 2 + e)
-                        if S == 1:
+                        if S == 1 and TM == 1:
                             if T.And(live, br * R + row < M):
                                 C[br * R + row, rng[3] + col] = acc[t * 4 + h * 2 + e]
                         else:
-                            Red[row * nb + col] = acc[t * 4 + h * 2 + e]
+                            Red[team * p.red + row * nb + col] = acc[t * 4 + h * 2 + e]
+        if TM > 1:  # the teams' partial tiles summed, C written row by row by every thread
+            T.tvm_storage_sync("shared")
+            for it in T.unroll(-(-p.red // p.threads)):
+                e = T.meta_var(it * p.threads + tid)
+                if e < p.red:
+                    if T.And(live, br * R + e // nb < M):
+                        C[br * R + e // nb, rng[3] + e % nb] = sum_teams(Red, e)
         if S > 1:
             if live:
                 sum_cluster(C, red_base, mapped, sums, rank, br * R, rng[3], tid)

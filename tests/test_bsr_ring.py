@@ -12,13 +12,17 @@ from sparsec.schedules.warp_mma import cuda_source
 
 @pytest.mark.parametrize("block, feat, knobs", [
     ((16, 16), 16, {}), ((32, 32), 64, {"cluster": 4, "per_stage": 2, "col_split": 2}),
-    ((64, 32), 24, {"cluster": 1, "warps": 4, "stages": 8}), ((16, 64), 40, {"warps": 1, "cluster": 2})])
+    ((64, 32), 24, {"cluster": 1, "warps": 4, "stages": 8}), ((16, 64), 40, {"warps": 1, "cluster": 2}),
+    ((16, 16), 64, {"cluster": 1, "teams": 4, "stages": 8, "per_stage": 4}),
+    ((32, 32), 32, {"cluster": 1, "teams": 2, "col_split": 2})])
 def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
     """16-byte cp.async for a block and B's rows (zero-filled past K), their landing signalled
     on the stage's mbarrier (cp.async.mbarrier.arrive.noinc); consumers wait on it (try_wait
     .parity), ldmatrix + mma.m16n8k16 in float32, release the stage with mbarrier.arrive; a
     cluster's partial tiles summed through distributed shared memory (mapa between cluster
-    barriers) or stored directly; no CTA barrier inside either role's walk; one launch."""
+    barriers) or stored directly; no CTA barrier inside either role's walk; teams of consumers
+    that take every teams-th stage add their partial tiles in shared memory after one CTA
+    barrier; one launch."""
     kn = {**br.default_knobs(block, feat, 300, 1111, 0.3), **knobs}
     src = cuda_source(br.build(block, feat, **kn))
     ptx = nvcc_ptx(src, "sm_90a")
@@ -32,9 +36,12 @@ def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
     producer = src[src.index("for (int j = 0"):]
     producer = producer[:producer.index("} else {")]
     assert "__syncthreads" not in producer
-    consumer = src[src.index("for (int j_1 = 0"):]
+    consumer = src[src.index("for (int jj = 0"):]
     consumer = consumer[:consumer.index("__syncwarp") + 200]
     assert "__syncthreads" not in consumer
+    if not clustered:  # (a cluster's sum has barriers of its own)
+        after = src[src.index("for (int jj = 0"):]
+        assert after.count("__syncthreads") == (1 if kn["teams"] > 1 else 0)  # the teams' sum
     assert src.count("__global__") // 2 == 1  # one launch: nothing zeroes C first
 
 
@@ -50,6 +57,10 @@ def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
     ({"warps": 3}, "warps should be one of"),
     ({"per_stage": 3}, "per_stage should be one of"),
     ({"block": (64, 128), "feat": 64, "warps": 8, "stages": 8, "per_stage": 4}, "bytes of shared memory"),
+    ({"teams": 2, "cluster": 2}, "split either by teams of consumer warps in one CTA or by the CTAs of a cluster"),
+    ({"teams": 4, "stages": 2}, "stages=2 should be a multiple of teams=4"),
+    ({"block": (64, 16), "warps": 8, "teams": 4, "stages": 4}, "pass a CTA's 32 warps"),
+    ({"teams": 3}, "teams should be one of"),
 ])
 def test_refuses_what_it_cannot_take_by_name(kw, match):
     args = {"block": (16, 16), "feat": 16, "warps": 2, "stages": 4, "cluster": 1, "per_stage": 1, "col_split": 1,
