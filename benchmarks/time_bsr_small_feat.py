@@ -8,7 +8,8 @@ pipeline depths at other widths). Every result is checked against
 float64 on a NaN-poisoned output first. Timed with sparsec.bench's timer (CUDA-graph
 replays), sparsec and ``torch.matmul`` side by side.
 
-    python3 benchmarks/time_bsr_small_feat.py [--sweep] [--blockrow] [--ring] [--feats 16 64] [--out FILE]
+    python3 benchmarks/time_bsr_small_feat.py [--sweep] [--blockrow] [--ring] [--knob-sets JSON]
+                                              [--cases ...] [--feats 16 64] [--out FILE]
 """
 from __future__ import annotations
 
@@ -137,6 +138,8 @@ def main():
                     help="also time the block-row template (schedules.tensorcore) with its default knobs, side by side")
     ap.add_argument("--ring", action="store_true",
                     help="also time bsr_ring with its default knobs where it takes the case, side by side")
+    ap.add_argument("--knob-sets", type=json.loads, default=None,
+                    help="a JSON list of knob sets, each compiled and timed beside the default and dense per case")
     ap.add_argument("--out")
     args = ap.parse_args()
     timed = make_timed("cuda")
@@ -179,6 +182,17 @@ def main():
                                  f"{peer}_speedup": dense_ms / msb})
                 rows[-1]["ok"] = rows[-1]["ok"] and okb
                 print(f"    {peer} {msb:.4f} ms x{dense_ms / msb:.2f}", flush=True)
+            for i, given in enumerate(args.knob_sets or []):  # each set beside the default and dense
+                try:
+                    ks = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=given)
+                except ValueError as e:  # a set the case's kernel refuses: said why, not timed
+                    print(f"    set {i} refused: {str(e)[:100]}", flush=True)
+                    continue
+                oks, _, mss, _ = check_and_time(ks, A, dense, feat, timed, torch)
+                rows[-1].setdefault("sets", []).append({"set": i, "knobs": ks.knobs, "ok": oks, "ms": mss,
+                                                        "speedup": dense_ms / mss})
+                rows[-1]["ok"] = rows[-1]["ok"] and oks
+                print(f"    set {i} {mss:.4f} ms x{dense_ms / mss:.2f}", flush=True)
             print(f"{'ok ' if ok else 'BAD'} {name:<34} feat={feat:<3} {ms:.4f} ms dense {dense_ms:.4f} ms "
                   f"x{dense_ms / ms:.2f} {k.knobs}", flush=True)
     sweep = []
@@ -232,9 +246,15 @@ def main():
             if ps:
                 summary[feat].update({f"{peer}_min": min(ps), f"{peer}_geomean": float(np.exp(np.mean(np.log(ps)))),
                                       f"{peer}_slower": sum(s < 1 for s in ps), f"{peer}_cases": len(ps)})
-        best = [max(r["speedup"], r.get("blockrow_speedup", 0), r.get("ring_speedup", 0))
+        for i in range(len(args.knob_sets or [])):
+            ps = [x["speedup"] for r in rows if r["feat"] == feat for x in r.get("sets", []) if x["set"] == i]
+            if ps:
+                summary[feat].update({f"set{i}_min": min(ps), f"set{i}_geomean": float(np.exp(np.mean(np.log(ps)))),
+                                      f"set{i}_slower": sum(s < 1 for s in ps), f"set{i}_cases": len(ps)})
+        best = [max([r["speedup"], r.get("blockrow_speedup", 0), r.get("ring_speedup", 0)]
+                    + [x["speedup"] for x in r.get("sets", [])])
                 for r in rows if r["feat"] == feat and "speedup" in r]
-        if best and any("ring_speedup" in r or "blockrow_speedup" in r for r in rows):
+        if best and any("ring_speedup" in r or "blockrow_speedup" in r or r.get("sets") for r in rows):
             summary[feat].update(best_of_min=min(best), best_of_slower=sum(s < 1 for s in best))
         swept = [max(r["swept_speedup"], r["speedup"]) for r in rows if r["feat"] == feat and "swept_speedup" in r]
         if swept:
@@ -251,6 +271,10 @@ def main():
             if f"{peer}_min" in s:
                 print(f"{feat:>5} {peer} alone: min x{s[peer + '_min']:.2f} geomean x{s[peer + '_geomean']:.2f} "
                       f"slower {s[peer + '_slower']} of {s[peer + '_cases']}")
+        for i in range(len(args.knob_sets or [])):
+            if f"set{i}_min" in s:
+                print(f"{feat:>5} set {i} {args.knob_sets[i]}: min x{s[f'set{i}_min']:.2f} "
+                      f"geomean x{s[f'set{i}_geomean']:.2f} slower {s[f'set{i}_slower']} of {s[f'set{i}_cases']}")
         if "best_of_min" in s:
             print(f"{feat:>5} best of the kernels per case: min x{s['best_of_min']:.2f} slower {s['best_of_slower']}")
         print(f"{feat:>5} {s['cases']:>6} {s['min']:>7.2f} {s['geomean']:>10.2f} {s['slower_than_dense']:>7}   "
