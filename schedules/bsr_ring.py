@@ -18,7 +18,11 @@ an even share of its stored blocks) and splits the work by role:
   and release the stage to the producer through a second barrier;
 * **``cluster`` CTAs split a block row's stored blocks evenly** and add their partial tiles
   through distributed shared memory (one launch, no atomics, no C to zero first);
-  **``col_split`` CTAs split B's columns** (more CTAs for short rows).
+  **``col_split`` CTAs split B's columns** (more CTAs for short rows);
+* **``teams`` of consumer warps split a row's walk inside the CTA**: stage j goes to team
+  j % teams (``stages`` a multiple of ``teams``, so a ring slot always feeds one team and
+  no team waits a phase ahead) and the teams add their partial tiles in shared memory
+  after one CTA barrier, a long row split without a cluster's barriers and its launch.
 
 Measured against the design first as CUDA (``benchmarks/probe_bsr_bulk.py``, results
 ``benchmarks/results/probe_bsr_bulk_r3_H200.json``). The kernel trusts its operands (a
