@@ -91,18 +91,28 @@ def suite_cases(quick: bool, only=None):
     return out
 
 
-def side_knobs(peer: str, b: int, feat: int, dense, density: float):
+def side_knobs(peer: str, b: int, feat: int, dense):
     """The knobs that make ``sparsec.compile`` build ``peer`` ("blockrow": the block-row
-    template; "ring": ``bsr_ring``) with its defaults for this case, or None where it does
-    not take the case."""
+    template; "ring": ``bsr_ring``, through ``teams``, a knob only it has, at its default, so
+    compile fills the rest as it would for the case) with its defaults, or None where it
+    does not take the case."""
     from sparsec.schedules import bsr_ring
     from sparsec.schedules import tensorcore as tc
 
     if peer == "blockrow":
         return tc.default_knobs(b, feat, dense.shape)
-    if not bsr_ring.takes((b, b), feat):
-        return None
-    return bsr_ring.default_knobs((b, b), feat, *dense.shape, density)
+    return {"teams": 1} if bsr_ring.takes((b, b), feat) else None
+
+
+def same_kernel(peer: str, default_knobs: dict, knobs: dict) -> bool:
+    """Whether the case's default kernel already is ``peer`` with its defaults."""
+    return default_knobs == knobs if peer == "blockrow" else "teams" in default_knobs
+
+
+def ratio_summary(ratios, prefix: str = "") -> dict:
+    """min, geomean, cases slower than dense and count of ratios to dense (keys prefixed)."""
+    return {f"{prefix}min": min(ratios), f"{prefix}geomean": float(np.exp(np.mean(np.log(ratios)))),
+            f"{prefix}slower": sum(r < 1 for r in ratios), f"{prefix}cases": len(ratios)}
 
 
 def check_and_time(kernel, A, dense, feat, timed, torch, check=True):
@@ -170,14 +180,15 @@ def main():
             rows.append({"case": name, "shape": list(dense.shape), "block": b, "feat": feat, "knobs": k.knobs,
                          "ok": ok, "err": err, "sparsec_ms": ms, "dense_ms": dense_ms, "speedup": dense_ms / ms})
             for peer in [p for p in ("blockrow", "ring") if getattr(args, p)]:
-                knobs = side_knobs(peer, b, feat, dense, A.nnz / dense.size)
+                knobs = side_knobs(peer, b, feat, dense)
                 if knobs is None:
                     continue
-                if k.knobs == knobs:  # the default is this kernel: the same kernel
-                    okb, msb = ok, ms
+                if same_kernel(peer, k.knobs, knobs):
+                    okb, msb, knobs = ok, ms, k.knobs
                 else:
                     kb = sparsec.compile("spmm", A, target="cuda", feat=feat, knobs=knobs)
                     okb, _, msb, _ = check_and_time(kb, A, dense, feat, timed, torch)
+                    knobs = kb.knobs
                 rows[-1].update({f"{peer}_ms": msb, f"{peer}_ok": okb, f"{peer}_knobs": knobs,
                                  f"{peer}_speedup": dense_ms / msb})
                 rows[-1]["ok"] = rows[-1]["ok"] and okb
@@ -239,18 +250,16 @@ def main():
     for feat in args.feats:
         sp = [r["speedup"] for r in rows if r["feat"] == feat and "speedup" in r]
         if sp:
-            summary[feat] = {"min": min(sp), "geomean": float(np.exp(np.mean(np.log(sp)))), "cases": len(sp),
-                             "slower_than_dense": sum(s < 1 for s in sp)}
+            summary[feat] = ratio_summary(sp)
+            summary[feat]["slower_than_dense"] = summary[feat].pop("slower")
         for peer in ("blockrow", "ring"):
             ps = [r[f"{peer}_speedup"] for r in rows if r["feat"] == feat and f"{peer}_speedup" in r]
             if ps:
-                summary[feat].update({f"{peer}_min": min(ps), f"{peer}_geomean": float(np.exp(np.mean(np.log(ps)))),
-                                      f"{peer}_slower": sum(s < 1 for s in ps), f"{peer}_cases": len(ps)})
+                summary[feat].update(ratio_summary(ps, f"{peer}_"))
         for i in range(len(args.knob_sets or [])):
             ps = [x["speedup"] for r in rows if r["feat"] == feat for x in r.get("sets", []) if x["set"] == i]
             if ps:
-                summary[feat].update({f"set{i}_min": min(ps), f"set{i}_geomean": float(np.exp(np.mean(np.log(ps)))),
-                                      f"set{i}_slower": sum(s < 1 for s in ps), f"set{i}_cases": len(ps)})
+                summary[feat].update(ratio_summary(ps, f"set{i}_"))
         best = [max([r["speedup"], r.get("blockrow_speedup", 0), r.get("ring_speedup", 0)]
                     + [x["speedup"] for x in r.get("sets", [])])
                 for r in rows if r["feat"] == feat and "speedup" in r]

@@ -133,7 +133,8 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     probe's rows were even; a real pruned weight's are not (MiniLM's FFN-out at 70 %: the
     longest row 1.8-2.3x the mean), and the longest walk then sets the time: a cluster of 8
     instead of 4 from :data:`SKEWED` on (H200, MiniLM layer 0 FFN-out, blocks 16/32/64 at
-    70 %, 16 and 64 columns: faster in 6 of 6, by 5-21 %)."""
+    70 %, 16 and 64 columns: 6-19 % less time than a cluster of 4 in 6 of 6, the two
+    timed in separate runs of one session, ``bsr_small_feat_minilm_sweeps_H200.json``)."""
     r, c = (int(b) for b in block)
     fixed = dict(fixed or {})
     rows, cols = rows or 4096, cols or 4096
@@ -200,7 +201,7 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         """Copy stage ``j``'s blocks (``per_stage`` of them from the CTA's ``j * per_stage``-th)
         and B's rows for each; signal the stage's full barrier when they land. A block's
         copies go out before its column is read (they need only ``indptr``); ``cached``: the
-        columns are in shared memory (``Idx``), else a window of 32 is loaded and shuffled."""
+        columns are in shared memory (at ``sb[2]``), else a window of 32 is loaded and shuffled."""
         s = T.meta_var(j % D)
         if j >= D:
             T.cuda.mbarrier_wait(sb[1] + T.Cast("uint32", (D + s) * 8), (j // D - 1) % 2)  # consumers done with it
@@ -299,7 +300,7 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         rng = T.alloc_buffer((6,), "int32", scope="local")
         # lane l: the column of the window's l-th block; the column of the block being copied
         win = T.alloc_buffer((2,), "int32", scope="local")
-        held = T.alloc_buffer((p.idx_iters,), "int32", scope="local")  # a thread's share of a small indices
+        held = T.alloc_buffer((p.idx_iters,), "int32", scope="local")  # a thread's share of a small matrix's block columns
         mapped = T.alloc_buffer((1,), "uint64", scope="local")
         sums = T.alloc_buffer((sum_each,), "float32", scope="local")
         rank = T.meta_var(bx % S)

@@ -114,9 +114,8 @@ def test_uneven_rows_split_eight_ways():
     assert sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda", feat=64).knobs["cluster"] == 8
     keep[5] = rng.random(48) < 0.3
     w = (np.kron(keep, np.ones((32, 32))) * rng.standard_normal((384, 1536))).astype(np.float16)
-    skew = keep.sum(1).max() / keep.sum(1).mean()
-    kernel = sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda", feat=64)
-    assert kernel.knobs["cluster"] == (8 if skew >= br.SKEWED else 4)
+    assert keep.sum(1).max() / keep.sum(1).mean() < 1.2  # even rows again
+    assert sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda", feat=64).knobs["cluster"] == 4
 
 
 def test_compile_reaches_it_by_capability():
