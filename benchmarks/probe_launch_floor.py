@@ -45,6 +45,9 @@ def main(argv=None) -> int:
 
     from sparsec.measure import Timer
 
+    def torch_stream():  # torch's current stream: the capture's while the timer captures a graph
+        return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
     timer = Timer("cuda", warmup_ms=10.0, budget_ms=80.0, max_reps=200)
     kern = cp.RawModule(code=SOURCE, options=("-std=c++17", "-arch=sm_90a")).get_function("chain")
     kern.max_dynamic_shared_size_bytes = 200 * 1024
@@ -54,11 +57,10 @@ def main(argv=None) -> int:
     for _ in range(8):
         nxt = rng.permutation(size).astype(np.int32)  # a random walk: every hop a new line
         copies.append((cp.asarray(nxt), cp.zeros(384 * 256, dtype=cp.float32)))
-    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
 
     def launch(grid, n, smem, block=256):
         def call(c):
-            with stream:
+            with torch_stream():
                 kern((grid,), (block,), (c[0], c[1], np.int32(n), np.int32(size // max(grid, 1) - block)),
                      shared_mem=smem)
         return [lambda c=c: call(c) for c in copies]

@@ -1,0 +1,538 @@
+#!/usr/bin/env python3
+"""A design probe for BSR fp16 SpMM at few columns of B when B is small (K x F fits shared
+memory): two dependent trips to memory instead of three. Every CTA copies all of B into
+shared memory at launch (16-byte ``cp.async``, rows past K zero-filled), in flight together
+with its block row's ``indptr`` entries; its warps then split the row's stored blocks
+(warp w: blocks w, w + W, ...), each copying its blocks' 16-row slices and loading their
+columns in one trip, and multiply from shared memory (``ldmatrix`` + ``mma.m16n8k16``);
+partial tiles are added in shared memory. The block-row template instead waits on
+``indptr``, then ``indices``, then B's rows for each block.
+
+    SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_lean.py [--out FILE]
+
+CUDA C++ compiled by CuPy (no TVM needed), on MiniLM's 384-column layers (block-pruned as
+``sparsec.bench.suites.blocks`` prunes them) and random weights; every variant checked
+against float64 on a NaN-poisoned output, then timed with sparsec's timer beside
+``torch.matmul`` (B rotated over copies).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+import _preamble  # noqa: F401,E402
+
+SOURCE = r"""
+#include <cuda_fp16.h>
+#ifndef SPLIT
+#define SPLIT 1
+#endif
+// BR x BC blocks, F columns of B, W warps (MT = BR / 16 row tiles x WB block groups), G blocks
+// a warp copies per round, KP rows of B resident (K rounded up to BC)
+constexpr int MT = BR / 16;
+constexpr int WB = W / MT;            // warps sharing a 16-row tile: they split the row's blocks
+constexpr int KS = BC / 16;
+constexpr int NT = F / 8;             // 8-column MMA tiles
+constexpr int BPITCH = F + 8;         // halves a resident row of B (ldmatrix rows in distinct banks)
+constexpr int AP = BC + 8;
+constexpr int SLOT = 16 * AP;         // halves of a warp's slice of one block
+constexpr int THREADS = W * 32;
+constexpr int B_HALVES = KP * BPITCH;
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void ldm_x4(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldm_x4_t(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldm_x2_t(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
+    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
+    const half* __restrict__ B, float* __restrict__ C, int M, int K) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  half* bs = reinterpret_cast<half*>(smem);
+  half* as = bs + B_HALVES;
+  const int br = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int mi = warp % MT, wb = warp / MT;
+  // trip 1: B whole, and the row's extent
+  for (int e = tid; e < KP * (F / 8); e += THREADS) {
+    const int row = e / (F / 8), c8 = e % (F / 8);
+    cp_async16(smem_addr(bs + row * BPITCH + c8 * 8), B + (size_t)min(row, K - 1) * F + c8 * 8, row < K ? 16 : 0);
+  }
+  const int q0 = indptr[br];
+  const int cnt = indptr[br + 1] - q0;
+  half* mine = as + warp * G * SLOT;
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+  const int rounds = (cnt + WB * G - 1) / (WB * G);
+  for (int r = 0; r < max(rounds, 1); ++r) {
+    int col[G];
+    // trip 2: this warp's blocks (their 16-row slices) and their columns
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = wb + (r * G + g) * WB;
+      col[g] = 0;
+      if (i < cnt) {
+        const half* src = values + (size_t)(q0 + i) * (BR * BC) + mi * 16 * BC;
+#pragma unroll
+        for (int e = lane; e < 16 * BC / 8; e += 32)
+          cp_async16(smem_addr(mine + g * SLOT + (e / (BC / 8)) * AP + (e % (BC / 8)) * 8), src + e * 8, 16);
+        col[g] = indices[q0 + i];
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    if (r == 0) __syncthreads();  // B, copied by every thread, is in
+    else __syncwarp();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = wb + (r * G + g) * WB;
+      if (i < cnt) {
+        const unsigned sa = smem_addr(mine + g * SLOT);
+        const unsigned sb = smem_addr(bs + col[g] * BC * BPITCH);
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          unsigned a[4];
+          ldm_x4(a, sa + ((lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
+#pragma unroll
+          for (int t = 0; t + 1 < NT; t += 2) {
+            unsigned b[4];
+            ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * BPITCH + t * 8 + lane / 16 * 8) * 2);
+            mma16816(acc[t], a, b[0], b[1]);
+            mma16816(acc[t + 1], a, b[2], b[3]);
+          }
+          if (NT % 2) {
+            unsigned b[2];
+            ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * BPITCH + (NT - 1) * 8) * 2);
+            mma16816(acc[NT - 1], a, b[0], b[1]);
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+  const int gq = lane / 4, t4 = lane % 4;
+  if (WB == 1) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = br * BR + mi * 16 + gq + h * 8;
+        if (row < M)
+          *reinterpret_cast<float2*>(C + (size_t)row * F + t * 8 + t4 * 2) =
+              make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
+      }
+    return;
+  }
+  float* red = reinterpret_cast<float*>(smem);  // WB partial tiles of BR x F, over B and the slots
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(red + (wb * BR + mi * 16 + gq + h * 8) * F + t * 8 + t4 * 2) =
+          make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
+  __syncthreads();
+  for (int e = tid * 4; e < BR * F; e += THREADS * 4) {
+    float4 s = *reinterpret_cast<float4*>(red + e);
+#pragma unroll
+    for (int q = 1; q < WB; ++q) {
+      const float4 v = *reinterpret_cast<float4*>(red + q * BR * F + e);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    const int row = br * BR + e / F;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + e % F) = s;
+  }
+}
+
+// The same split of a row's blocks across warps, with B's rows gathered for each block (as
+// the block-row template does) instead of B resident: trips indptr -> (blocks, columns) ->
+// B's rows, every block of the round in flight at once; a warp takes all MT row tiles of its
+// blocks (A read once, B's rows once per block).
+constexpr int GSLOT = BR * AP + BC * BPITCH;  // halves: a block and B's rows for it
+extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(
+    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
+    const half* __restrict__ B, float* __restrict__ C, int M, int K) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  half* slots = reinterpret_cast<half*>(smem);
+  const int br = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q0 = indptr[br];
+  const int cnt = indptr[br + 1] - q0;
+  half* mine = slots + warp * G * GSLOT;
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
+  const int rounds = (cnt + W * G - 1) / (W * G);
+  for (int r = 0; r < rounds; ++r) {
+    int col[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = warp + (r * G + g) * W;
+      col[g] = 0;
+      if (i < cnt) {
+        const half* src = values + (size_t)(q0 + i) * (BR * BC);
+#pragma unroll
+        for (int e = lane; e < BR * BC / 8; e += 32)
+          cp_async16(smem_addr(mine + g * GSLOT + (e / (BC / 8)) * AP + (e % (BC / 8)) * 8), src + e * 8, 16);
+        col[g] = indices[q0 + i];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = warp + (r * G + g) * W;
+      if (i < cnt) {
+#pragma unroll
+        for (int e = lane; e < BC * F / 8; e += 32) {
+          const int k = col[g] * BC + e / (F / 8);
+          cp_async16(smem_addr(mine + g * GSLOT + BR * AP + (e / (F / 8)) * BPITCH + (e % (F / 8)) * 8),
+                     B + (size_t)min(k, K - 1) * F + (e % (F / 8)) * 8, k < K ? 16 : 0);
+        }
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = warp + (r * G + g) * W;
+      if (i < cnt) {
+        const unsigned sa = smem_addr(mine + g * GSLOT), sb = smem_addr(mine + g * GSLOT + BR * AP);
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            unsigned a[4];
+            ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
+#pragma unroll
+            for (int t = 0; t + 1 < NT; t += 2) {
+              unsigned b[4];
+              ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * BPITCH + t * 8 + lane / 16 * 8) * 2);
+              mma16816(acc[m][t], a, b[0], b[1]);
+              mma16816(acc[m][t + 1], a, b[2], b[3]);
+            }
+            if (NT % 2) {
+              unsigned b[2];
+              ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * BPITCH + (NT - 1) * 8) * 2);
+              mma16816(acc[m][NT - 1], a, b[0], b[1]);
+            }
+          }
+      }
+    }
+    __syncwarp();
+  }
+  const int gq = lane / 4, t4 = lane % 4;
+  float* red = reinterpret_cast<float*>(smem);  // W partial tiles of BR x F, over the slots
+  if (W == 1) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = br * BR + m * 16 + gq + h * 8;
+          if (row < M)
+            *reinterpret_cast<float2*>(C + (size_t)row * F + t * 8 + t4 * 2) =
+                make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+        }
+    return;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * F + t * 8 + t4 * 2) =
+            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  __syncthreads();
+  for (int e = tid * 4; e < BR * F; e += THREADS * 4) {
+    float4 s = *reinterpret_cast<float4*>(red + e);
+#pragma unroll
+    for (int q = 1; q < W; ++q) {
+      const float4 v = *reinterpret_cast<float4*>(red + q * BR * F + e);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    const int row = br * BR + e / F;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + e % F) = s;
+  }
+}
+
+// bsr_gather's walk, with a long row's columns of B split across SPLIT CTAs: CTA (row, s)
+// takes columns [s F / SPLIT, (s + 1) F / SPLIT) of a row of ``heavy`` or more stored blocks,
+// and all F of a shorter row (s = 0; the others exit): a dense row's bytes over SPLIT SMs,
+// a light row's A read once.
+template <int FW>
+__device__ __forceinline__ void row_part(const half* __restrict__ values, const int* __restrict__ indices,
+                                         const half* __restrict__ B, float* __restrict__ C, int M, int K,
+                                         int br, int q0, int cnt, int f0, unsigned char* smem) {
+  constexpr int NTW = FW / 8, PW = FW + 8, SLOTW = BR * AP + BC * PW;
+  half* slots = reinterpret_cast<half*>(smem);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  half* mine = slots + warp * G * SLOTW;
+  float acc[MT][NTW][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NTW; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
+  const int rounds = (cnt + W * G - 1) / (W * G);
+  for (int r = 0; r < rounds; ++r) {
+    int col[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = warp + (r * G + g) * W;
+      col[g] = 0;
+      if (i < cnt) {
+        const half* src = values + (size_t)(q0 + i) * (BR * BC);
+#pragma unroll
+        for (int e = lane; e < BR * BC / 8; e += 32)
+          cp_async16(smem_addr(mine + g * SLOTW + (e / (BC / 8)) * AP + (e % (BC / 8)) * 8), src + e * 8, 16);
+        col[g] = indices[q0 + i];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = warp + (r * G + g) * W;
+      if (i < cnt) {
+#pragma unroll
+        for (int e = lane; e < BC * FW / 8; e += 32) {
+          const int k = col[g] * BC + e / (FW / 8);
+          cp_async16(smem_addr(mine + g * SLOTW + BR * AP + (e / (FW / 8)) * PW + (e % (FW / 8)) * 8),
+                     B + (size_t)min(k, K - 1) * F + f0 + (e % (FW / 8)) * 8, k < K ? 16 : 0);
+        }
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int i = warp + (r * G + g) * W;
+      if (i < cnt) {
+        const unsigned sa = smem_addr(mine + g * SLOTW), sb = smem_addr(mine + g * SLOTW + BR * AP);
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            unsigned a[4];
+            ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
+#pragma unroll
+            for (int t = 0; t + 1 < NTW; t += 2) {
+              unsigned b[4];
+              ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * PW + t * 8 + lane / 16 * 8) * 2);
+              mma16816(acc[m][t], a, b[0], b[1]);
+              mma16816(acc[m][t + 1], a, b[2], b[3]);
+            }
+            if (NTW % 2) {
+              unsigned b[2];
+              ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * PW + (NTW - 1) * 8) * 2);
+              mma16816(acc[m][NTW - 1], a, b[0], b[1]);
+            }
+          }
+      }
+    }
+    __syncwarp();
+  }
+  const int gq = lane / 4, t4 = lane % 4;
+  float* red = reinterpret_cast<float*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NTW; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * FW + t * 8 + t4 * 2) =
+            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  __syncthreads();
+  for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
+    float4 s = *reinterpret_cast<float4*>(red + e);
+#pragma unroll
+    for (int q = 1; q < W; ++q) {
+      const float4 v = *reinterpret_cast<float4*>(red + q * BR * FW + e);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    const int row = br * BR + e / FW;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + e % FW) = s;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) bsr_split(
+    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
+    const half* __restrict__ B, float* __restrict__ C, int M, int K, int heavy) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int br = blockIdx.x, s = blockIdx.y;
+  const int q0 = indptr[br];
+  const int cnt = indptr[br + 1] - q0;
+  if (cnt >= heavy) row_part<F / SPLIT>(values, indices, B, C, M, K, br, q0, cnt, s * (F / SPLIT), smem);
+  else if (s == 0) row_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
+}
+"""
+
+
+def gather_smem_bytes(br, bc, f, w, g):
+    ring = w * g * (br * (bc + 8) + bc * (f + 8)) * 2
+    return max(ring, w * br * f * 4 if w > 1 else 0)
+
+
+LEAN = False  # time bsr_lean too (--lean)
+
+
+def smem_bytes(br, bc, f, w, g, kp):
+    ring = kp * (f + 8) * 2 + w * g * 16 * (bc + 8) * 2
+    red = (w // (br // 16)) * br * f * 4 if w // (br // 16) > 1 else 0
+    return max(ring, red)
+
+
+def cases():
+    """[(name, float16 dense, block)]: MiniLM's 384-column layers pruned by block magnitude,
+    and random weights of their shapes and of 1024 x 1536."""
+    from sparsec.bench.suites import blocks
+
+    out = []
+    for name, w, b, s in blocks(minilm_layers={"minilm-L0-ffn-in": "encoder.layer.0.intermediate.dense.weight",
+                                               "minilm-L0-attn-q": "encoder.layer.0.attention.self.query.weight"},
+                                random_shapes=((384, 384),), sparsities=(0.7, 0.9)):
+        out.append((name, w.astype(np.float16), b))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_bsr_lean.json"))
+    ap.add_argument("--lean", action="store_true", help="also B resident (bsr_lean; r1 and r2 timed it)")
+    args = ap.parse_args(argv)
+    global LEAN
+    LEAN = args.lean
+    import cupy as cp
+    import scipy.sparse as sp
+    import torch
+
+    from sparsec.measure import Timer
+
+    def torch_stream():  # torch's current stream: the capture's while the timer captures a graph
+        return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    timer = Timer("cuda", warmup_ms=10.0, budget_ms=60.0, max_reps=150)
+    dev = torch.device("cuda")
+    kernels = {}
+
+    def kernel(name, **p):
+        key = (name,) + tuple(sorted(p.items()))
+        if key not in kernels:
+            opts = ("-std=c++17", "-arch=sm_90a") + tuple(f"-D{k.upper()}={v}" for k, v in p.items())
+            kernels[key] = cp.RawModule(code=SOURCE, options=opts).get_function(name)
+        return kernels[key]
+
+    def variants(block, feat, kp):
+        """[(kernel name, its -D parameters, shared bytes)]: B resident (``bsr_lean``), and B's
+        rows gathered (``bsr_gather``, a warp holding all of a block's row tiles: up to 16
+        accumulator tiles)."""
+        out, mt = [], block // 16
+        for w in (min(8 * mt, 16),) if LEAN else ():  # r1's winner on 33 of 36 cases (probe_bsr_lean_r1)
+            for g in (1, 2, 4):
+                out.append(("bsr_lean", dict(br=block, bc=block, f=feat, w=w, g=g, kp=kp),
+                            smem_bytes(block, block, feat, w, g, kp)))
+        if mt * feat // 8 <= 16:
+            for w in (4, 8):
+                for g in (2, 4):
+                    out.append(("bsr_gather", dict(br=block, bc=block, f=feat, w=w, g=g, kp=block),
+                                gather_smem_bytes(block, block, feat, w, g)))
+        if mt * feat // 8 <= 16 and feat >= 32:
+            for w in (4, 8):
+                for g in (2, 4):
+                    for split in (2, 4):
+                        out.append(("bsr_split", dict(br=block, bc=block, f=feat, w=w, g=g, kp=block, split=split),
+                                    gather_smem_bytes(block, block, feat, w, g)))
+        return [v for v in out if v[2] <= 227 * 1024]
+
+    rows_out = []
+    for name, dense16, block in cases():
+        M, K = dense16.shape
+        bsr = sp.bsr_matrix(dense16.astype(np.float32), blocksize=(block, block))
+        bsr.sort_indices()
+        indptr = cp.asarray(bsr.indptr.astype(np.int32))
+        indices = cp.asarray(bsr.indices.astype(np.int32))
+        vals = cp.asarray(bsr.data.astype(np.float16).reshape(-1))
+        kp = -(-K // block) * block
+        w_dense = torch.from_numpy(dense16).to(dev)
+        for feat in (16, 64):
+            bs = [torch.randn(K, feat, device=dev, dtype=torch.float16) for _ in range(8)]
+            ref = [(torch.from_numpy(dense16.astype(np.float64)).to(dev) @ b.double()) for b in bs]
+            dense_t = timer.measure([lambda b=b: torch.matmul(w_dense, b) for b in bs]).median_ms
+            row = {"case": name, "shape": [M, K], "block": block, "feat": feat, "dense_us": dense_t * 1e3,
+                   "nnzb": int(bsr.indices.size), "longest_row": int(np.diff(bsr.indptr).max()), "variants": []}
+            lengths = np.diff(bsr.indptr)
+            heavies = sorted({int(np.percentile(lengths, q)) for q in (75, 90)} - {0}) or [1]
+            for kname, p, sm in variants(block, feat, kp):
+                kern = kernel(kname, **p)
+                kern.max_dynamic_shared_size_bytes = sm
+                nbr = bsr.indptr.size - 1
+                for heavy in (heavies if kname == "bsr_split" else [None]):
+                    grid = (nbr, p["split"]) if heavy else (nbr,)
+                    extra = (np.int32(heavy),) if heavy else ()
+                    outs = [torch.full((M, feat), float("nan"), device=dev, dtype=torch.float32) for _ in bs]
+
+                    def call(i, kern=kern, grid=grid, threads=(p["w"] * 32,), sm=sm, outs=outs, extra=extra):
+                        with torch_stream():
+                            kern(grid, threads, (indptr, indices, vals, cp.asarray(bs[i]), cp.asarray(outs[i]),
+                                                 np.int32(M), np.int32(K)) + extra, shared_mem=sm)
+                    for i in range(len(bs)):
+                        call(i)
+                    torch.cuda.synchronize()
+                    err = max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, ref))
+                    ok = bool(err < 1e-3) and not any(bool(torch.isnan(o).any()) for o in outs)
+                    tm = timer.measure([lambda i=i: call(i) for i in range(len(bs))]) if ok else None
+                    row["variants"].append({"kernel": kname, **{k: v for k, v in p.items() if k in ("w", "g", "split")},
+                                            "heavy": heavy, "smem": sm, "ok": ok, "err": err,
+                                            "us": tm.median_ms * 1e3 if tm else None,
+                                            "method": tm.method if tm else None})
+            good = [x for x in row["variants"] if x["ok"]]
+            best = min(good, key=lambda x: x["us"]) if good else None
+            row["best"] = best
+            row["speedup"] = row["dense_us"] / best["us"] if best else None
+            for kname in ("bsr_lean", "bsr_gather", "bsr_split"):
+                mine = [x for x in good if x["kernel"] == kname]
+                if mine:
+                    row[f"{kname}_speedup"] = row["dense_us"] / min(x["us"] for x in mine)
+            rows_out.append(row)
+            print(f"{name:<28} F={feat:2d} dense {row['dense_us']:5.2f} us best "
+                  f"{best['us'] if best else float('nan'):5.2f} us x{row['speedup'] or 0:.2f} "
+                  f"{ {k: best.get(k) for k in ('kernel', 'w', 'g', 'split', 'heavy')} if best else 'NONE OK'} lean "
+                  f"x{row.get('bsr_lean_speedup', 0):.2f} gather x{row.get('bsr_gather_speedup', 0):.2f} "
+                  f"split x{row.get('bsr_split_speedup', 0):.2f} "
+                  f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
+    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
+    with open(args.out, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    sp_ = [r["speedup"] for r in rows_out if r["speedup"]]
+    print(f"\n{torch.cuda.get_device_name()}: {len(rows_out)} cases, {wrong} wrong variants; geomean "
+          f"x{math.exp(np.mean(np.log(sp_))):.3f} min x{min(sp_):.3f}; below 1.0x: {sum(s < 1 for s in sp_)}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
