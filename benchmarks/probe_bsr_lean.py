@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""A design probe for BSR fp16 SpMM at few columns of B when B is small (K x F fits shared
-memory): two dependent trips to memory instead of three. Every CTA copies all of B into
-shared memory at launch (16-byte ``cp.async``, rows past K zero-filled), in flight together
-with its block row's ``indptr`` entries; its warps then split the row's stored blocks
-(warp w: blocks w, w + W, ...), each copying its blocks' 16-row slices and loading their
-columns in one trip, and multiply from shared memory (``ldmatrix`` + ``mma.m16n8k16``);
-partial tiles are added in shared memory. The block-row template instead waits on
-``indptr``, then ``indices``, then B's rows for each block.
+"""Design probes for BSR fp16 SpMM at few columns of B on small layers (MiniLM's 384-column
+weights, where dense cuBLAS takes ~3 us and every kernel sparsec builds lost at 64 columns):
 
-    SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_lean.py [--out FILE]
+* ``bsr_lean`` (``--lean``): every CTA copies all of B into shared memory at launch, in
+  flight with its block row's ``indptr`` entries, so a block needs only its own copy and
+  column (two dependent trips instead of three). Measured: it loses at 64 columns (B's
+  48 KB copied by every CTA costs more than the trip saved; ``results/probe_bsr_lean_r1``).
+* ``bsr_gather``: a CTA owns a block row and its warps split the row's stored blocks
+  (warp w: blocks w, w + W, ...), every block of the row in flight at once (the block and
+  B's rows for it, 16-byte ``cp.async``), then multiplied (``ldmatrix`` + ``mma.m16n8k16``),
+  the warps' partial tiles added in shared memory.
+* ``bsr_split``: ``bsr_gather`` with a long row's columns of B split across ``split`` CTAs
+  (rows of ``heavy`` or more stored blocks; shorter rows stay whole in one CTA): a real
+  pruned weight's dense rows then spread over several SMs while light rows read A once.
 
-CUDA C++ compiled by CuPy (no TVM needed), on MiniLM's 384-column layers (block-pruned as
-``sparsec.bench.suites.blocks`` prunes them) and random weights; every variant checked
-against float64 on a NaN-poisoned output, then timed with sparsec's timer beside
-``torch.matmul`` (B rotated over copies).
+    SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_lean.py [--lean] [--out FILE]
+
+CUDA C++ compiled by CuPy (no TVM needed), on MiniLM's FFN-in and attention-Q weights
+(block-pruned as ``sparsec.bench.suites.blocks`` prunes them) and random 384 x 384 weights;
+every variant checked against float64 on a NaN-poisoned output, then timed with sparsec's
+timer beside ``torch.matmul`` (B rotated over copies).
 """
 from __future__ import annotations
 
