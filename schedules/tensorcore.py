@@ -47,7 +47,7 @@ from . import mma_intrin
 from .knobs import ANY, Knob, check_applicable, transformation
 from .tensorcore_epilogue import Epilogue, epilogue_of
 from .tensorcore_heads import Operands, head_axis
-from .tvm_modules import s_tir, T
+from .tvm_modules import cuda_intrinsics, s_tir, T
 
 DTYPES = ("float16", "bfloat16")
 WARP = 32
@@ -583,7 +583,7 @@ def intrinsics(dtype: str) -> Dict[str, str]:
     bf16 variants of ldmatrix and mma are registered here, as TVM 0.27 ships none)."""
     if dtype in _INTRINS:
         return _INTRINS[dtype]
-    import tvm.s_tir.tensor_intrin.cuda as cu  # ~26 s: parses every TVM intrinsic
+    cu = cuda_intrinsics()  # parses every TVM intrinsic (9 s on 2 cores)
 
     from tvm.s_tir import TensorIntrin
 
@@ -713,7 +713,7 @@ def bsr_tensorcore(sch: s_tir.Schedule, program, *, n_tile: int, warp_m: int, wa
     bs, feat = block_size(program), feat_of(program)
     warps = check_knobs(bs, feat, n_tile, warp_m, warp_n, stages, k_split)
     names = intrinsics(program.dtype.sparse)
-    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as layout
+    layout = cuda_intrinsics().shared_16x16_to_ldmatrix_32x8_layout
 
     # output fragments 16 x fw: 16 x 16 (two m16n8k16 each), or 16 x 8 for warp_n = 8 (one)
     fw = 8 if warp_n == 8 else 16

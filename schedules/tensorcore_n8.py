@@ -18,6 +18,7 @@ from tvm.script import tirx as T
 
 from . import mma_intrin
 from .mma_intrin import WARP
+from .tvm_modules import cuda_intrinsics
 
 _NAMES: Dict[str, Dict[str, str]] = {}
 
@@ -39,7 +40,7 @@ def intrinsics(dtype: str) -> Dict[str, str]:
     if dtype in _NAMES:
         return _NAMES[dtype]
     from tvm.s_tir import TensorIntrin
-    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as a_layout
+    a_layout = cuda_intrinsics().shared_16x16_to_ldmatrix_32x8_layout
 
     abbrv = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
     names = {"ld_b": f"sparsec_ldmatrix_{abbrv}_b16x8_dyn", "mma": f"sparsec_mma_16x8x16_{abbrv}_f32",

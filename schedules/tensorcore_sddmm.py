@@ -40,7 +40,7 @@ from typing import Dict, Optional, Tuple
 
 from . import mma_intrin, tensorcore
 from .knobs import ANY, Knob, check_applicable, transformation
-from .tvm_modules import s_tir, T, tirx
+from .tvm_modules import cuda_intrinsics, s_tir, T, tirx
 
 DTYPES = tensorcore.DTYPES
 BLOCKS = (16, 32, 64)
@@ -399,7 +399,7 @@ def intrinsics(dtype: str) -> Dict[str, str]:
     it, C += A B^T: TVM's for float16, registered here for bfloat16 (TVM 0.27 has none)."""
     if dtype in _INTRINS:
         return _INTRINS[dtype]
-    import tvm.s_tir.tensor_intrin.cuda as cu
+    cu = cuda_intrinsics()
 
     names = dict(tensorcore.intrinsics(dtype))
     if dtype == "float16":
@@ -464,7 +464,7 @@ def bsr_tensorcore_sddmm(sch: s_tir.Schedule, program, *, warp_m: int, warp_n: i
     bs = shape.bs
     warps = check_knobs(bs, shape.feat, warp_m, warp_n, stages, row_split)
     names = intrinsics(shape.dtype)
-    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as layout
+    layout = cuda_intrinsics().shared_16x16_to_ldmatrix_32x8_layout
 
     def frag(i, j):
         return (i // 16, j // 16, *layout(i % 16, j % 16))
