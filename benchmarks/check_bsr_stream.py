@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The Tensor Core SpMM kernels for BSR weights at few columns of B (``schedules/bsr_stream.py``,
-``--kernel ring``: ``schedules/bsr_ring.py``), reached through ``sparsec.compile``, against
-float64 on the GPU host.
+``--kernel ring``: ``schedules/bsr_ring.py``, ``--kernel gather``: ``schedules/bsr_gather.py``),
+reached through ``sparsec.compile``, against float64 on the GPU host.
 
-    python3 benchmarks/check_bsr_stream.py [--kernel stream|ring] [--out FILE]
+    python3 benchmarks/check_bsr_stream.py [--kernel stream|ring|gather] [--out FILE]
 
 Each case converts a float16 weight to ``bsr:RxC``, compiles the library ``spmm`` for it
 (the kernel ``sparsec.compile`` picks, with the knobs given or its defaults; the check fails
@@ -94,9 +94,16 @@ RING_SETTINGS = [
     (64, {"teams": 4, "stages": 8, "per_stage": 4, "cluster": 1}), (16, {"teams": 2, "cluster": 1}),
     (40, {"teams": 2, "stages": 8, "cluster": 1, "per_stage": 1}),
 ]
+GATHER_SETTINGS = [
+    (16, {}), (64, {}), (8, {"warps": 2, "per_warp": 1}), (24, {"warps": 16, "per_warp": 2}),
+    (64, {"split": 4, "heavy": 1}), (64, {"split": 2, "heavy": 4, "warps": 4}),
+    (32, {"split": 4, "heavy": 2, "per_warp": 1}), (48, {"split": 2, "heavy": 16}), (40, {"heavy": 32, "warps": 8}),
+    (16, {"split": 2, "heavy": 8, "per_warp": 4}),
+]
 KERNELS = {  # --kernel: (its settings, its module, how its CUDA source and knobs show it)
     "stream": (STREAM_SETTINGS, "bsr_stream", lambda src, knobs: "__ballot_sync" in src and "bk" in knobs),
     "ring": (RING_SETTINGS, "bsr_ring", lambda src, knobs: "mbarrier" in src and "per_stage" in knobs),
+    "gather": (GATHER_SETTINGS, "bsr_gather", lambda src, knobs: "mbarrier" not in src and "per_warp" in knobs),
 }
 
 
@@ -122,7 +129,7 @@ def main() -> int:
         A = formats.convert(w.astype(np.float16) if not sp.issparse(w) else w.astype(np.float32),
                             f"bsr:{block[0]}x{block[1]}", dtype="float16")
         for N, knobs in settings:
-            if args.kernel == "ring" and not kernel_mod.takes(block, N):
+            if args.kernel in ("ring", "gather") and not kernel_mod.takes(block, N):
                 continue
             rec = {"case": name, "block": list(block), "N": N, "knobs": knobs}
             try:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import bsr_ring, bsr_stream
+from . import bsr_gather, bsr_ring, bsr_stream
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
 from . import tiled_stream
@@ -581,6 +581,42 @@ def bsr_ring_spmm(built, program, *, warps: int, stages: int, cluster: int, per_
     built.mod = IRModule({program.name: func})
 
 
+def _gather_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None,
+                    density: Optional[float] = None) -> dict:
+    return _block_resolve(bsr_gather, program, knobs, shape, density)
+
+
+def _gather_prune(program, knobs) -> Optional[str]:
+    return _plan_problem(bsr_gather.plan, _gather_resolve, program, knobs)
+
+
+_GATHER_SMALL = {"warps": (8, 4), "per_warp": (4, 2), "split": (1, 2, 4), "heavy": (2, 8, 16)}
+
+
+@transformation(knobs={k: Knob(tuple(v), small=_GATHER_SMALL.get(k)) for k, v in bsr_gather.KNOBS.items()},
+                resolve=_gather_resolve,
+                prune=_gather_prune)
+def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, heavy: int):
+    """Build ``schedules.bsr_gather``'s kernel for ``program`` into ``built.mod``: the
+    format's block shape, the program's columns of B, any matrix size (C written whole, in
+    one launch; no clusters, so sm_80 takes it too)."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    func = bsr_gather.spmm(m.tile, m.feat, warps=warps, per_warp=per_warp, split=split, heavy=heavy,
+                           name=program.name)
+    built.mod = IRModule({program.name: func})
+
+
+GATHER_ONLY = set(bsr_gather.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)  # knobs that name it
+
+
+def _gathers(m: "PackedSpmm", knobs=None) -> bool:
+    """``bsr_gather`` builds this BSR SpMM: a knob only it has is given (it is not a default
+    yet: the CUDA design was timed, this kernel still is to be)."""
+    return bool(set(knobs or {}) & GATHER_ONLY)
+
+
 # where bsr_stream (B's rows resident, shared by a CTA's block rows) beats bsr_ring (B's rows
 # gathered for each block, as many bytes as a 16 x 16 block at 16 columns): tiny blocks, few
 # columns, many block rows (H200: 4096^2, 16 x 16, 70 %, 16 columns: 9.6 vs 11.7 us; at 24-64
@@ -623,7 +659,7 @@ def defers(m: PackedSpmm, knobs=None) -> bool:
     if m.layout != "bsr_blocks":
         return False
     knobs = knobs or {}
-    if set(knobs) - set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS):
+    if set(knobs) - set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_gather.KNOBS):
         return True
     if knobs:
         return False  # their knobs given: theirs, or a refusal that names the arch
@@ -655,6 +691,8 @@ def transformation_for(m: PackedSpmm, knobs=None):
     if m.layout == "tiled_bitmap" and _streams(m, knobs) and (m.clusters or stream_only):
         return tiled_stream_spmm  # without clusters only where its own knobs ask for it (then refused)
     if m.layout == "bsr_blocks":
+        if _gathers(m, knobs):
+            return bsr_gather_spmm
         return bsr_ring_spmm if _rings(m, knobs) else bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
 
@@ -687,6 +725,8 @@ def schedule(program, m: PackedSpmm, **knobs):
         knobs = _bsr_resolve(program, knobs, shape, m.density)
     elif t is bsr_ring_spmm:
         knobs = _ring_resolve(program, knobs, shape, m.density, m.skew)
+    elif t is bsr_gather_spmm:
+        knobs = _gather_resolve(program, knobs, shape, m.density)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()

@@ -33,8 +33,8 @@ from sparsec.schedules import features_over_threads, lane_groups, parallel_rows
 from sparsec.schedules.cuda import resolve_rows
 from sparsec.schedules.cuda_sddmm import resolve_lanes
 from sparsec.schedules.tensorcore import bsr_tensorcore
-from sparsec.schedules.tensorcore_packed import (bsr_ring_spmm, bsr_stream_spmm, srbcrs_int8_spmm,
-                                                 tc_pipeline_spmm, tiled_stream_spmm)
+from sparsec.schedules.tensorcore_packed import (bsr_gather_spmm, bsr_ring_spmm, bsr_stream_spmm,
+                                                 srbcrs_int8_spmm, tc_pipeline_spmm, tiled_stream_spmm)
 from sparsec.schedules.tensorcore_sddmm import bsr_tensorcore_sddmm
 
 from .signature import matrix_signature, matrix_stats
@@ -47,7 +47,7 @@ TEMPLATES = {"spmm": (features_over_threads, bsr_tensorcore, parallel_rows, tc_p
 # templates the tuner builds whose own knobs have no columns yet (a column would change
 # FEATURE_NAMES and retire the shipped model): their knobs are accepted, and those that share
 # a name with a modelled knob (warps, stages) fill its column
-UNMODELLED = {"spmm": (tiled_stream_spmm, bsr_stream_spmm, bsr_ring_spmm), "sddmm": ()}
+UNMODELLED = {"spmm": (tiled_stream_spmm, bsr_stream_spmm, bsr_ring_spmm, bsr_gather_spmm), "sddmm": ()}
 FAMILIES = ("csr", "hyb", "ell", "bsr")  # formats with format-derived features; others: "other", NaN
 # formats that store a Tensor Core operand packed: a column each (they share their kernels'
 # knob names, so without it the model could not tell 2:4 from vector-wise N:M), the share of
