@@ -33,6 +33,8 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402
 
+from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
+
 SOURCE = r"""
 #include <cuda_fp16.h>
 #ifndef SPLIT
@@ -50,30 +52,7 @@ constexpr int SLOT = 16 * AP;         // halves of a warp's slice of one block
 constexpr int THREADS = W * 32;
 constexpr int B_HALVES = KP * BPITCH;
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void ldm_x4(unsigned* r, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldm_x4_t(unsigned* r, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldm_x2_t(unsigned* r, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
-               : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+""" + MMA_HELPERS + r"""
 
 extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
     const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
@@ -174,121 +153,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
   }
 }
 
-// The same split of a row's blocks across warps, with B's rows gathered for each block (as
-// the block-row template does) instead of B resident: trips indptr -> (blocks, columns) ->
-// B's rows, every block of the round in flight at once; a warp takes all MT row tiles of its
-// blocks (A read once, B's rows once per block).
-constexpr int GSLOT = BR * AP + BC * BPITCH;  // halves: a block and B's rows for it
-extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(
-    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
-    const half* __restrict__ B, float* __restrict__ C, int M, int K) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  half* slots = reinterpret_cast<half*>(smem);
-  const int br = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int q0 = indptr[br];
-  const int cnt = indptr[br + 1] - q0;
-  half* mine = slots + warp * G * GSLOT;
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
-  const int rounds = (cnt + W * G - 1) / (W * G);
-  for (int r = 0; r < rounds; ++r) {
-    int col[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int i = warp + (r * G + g) * W;
-      col[g] = 0;
-      if (i < cnt) {
-        const half* src = values + (size_t)(q0 + i) * (BR * BC);
-#pragma unroll
-        for (int e = lane; e < BR * BC / 8; e += 32)
-          cp_async16(smem_addr(mine + g * GSLOT + (e / (BC / 8)) * AP + (e % (BC / 8)) * 8), src + e * 8, 16);
-        col[g] = indices[q0 + i];
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int i = warp + (r * G + g) * W;
-      if (i < cnt) {
-#pragma unroll
-        for (int e = lane; e < BC * F / 8; e += 32) {
-          const int k = col[g] * BC + e / (F / 8);
-          cp_async16(smem_addr(mine + g * GSLOT + BR * AP + (e / (F / 8)) * BPITCH + (e % (F / 8)) * 8),
-                     B + (size_t)min(k, K - 1) * F + (e % (F / 8)) * 8, k < K ? 16 : 0);
-        }
-      }
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncwarp();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int i = warp + (r * G + g) * W;
-      if (i < cnt) {
-        const unsigned sa = smem_addr(mine + g * GSLOT), sb = smem_addr(mine + g * GSLOT + BR * AP);
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            unsigned a[4];
-            ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
-#pragma unroll
-            for (int t = 0; t + 1 < NT; t += 2) {
-              unsigned b[4];
-              ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * BPITCH + t * 8 + lane / 16 * 8) * 2);
-              mma16816(acc[m][t], a, b[0], b[1]);
-              mma16816(acc[m][t + 1], a, b[2], b[3]);
-            }
-            if (NT % 2) {
-              unsigned b[2];
-              ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * BPITCH + (NT - 1) * 8) * 2);
-              mma16816(acc[m][NT - 1], a, b[0], b[1]);
-            }
-          }
-      }
-    }
-    __syncwarp();
-  }
-  const int gq = lane / 4, t4 = lane % 4;
-  float* red = reinterpret_cast<float*>(smem);  // W partial tiles of BR x F, over the slots
-  if (W == 1) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = br * BR + m * 16 + gq + h * 8;
-          if (row < M)
-            *reinterpret_cast<float2*>(C + (size_t)row * F + t * 8 + t4 * 2) =
-                make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
-        }
-    return;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * F + t * 8 + t4 * 2) =
-            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
-  __syncthreads();
-  for (int e = tid * 4; e < BR * F; e += THREADS * 4) {
-    float4 s = *reinterpret_cast<float4*>(red + e);
-#pragma unroll
-    for (int q = 1; q < W; ++q) {
-      const float4 v = *reinterpret_cast<float4*>(red + q * BR * F + e);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    const int row = br * BR + e / F;
-    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + e % F) = s;
-  }
-}
-
-// bsr_gather's walk, with a long row's columns of B split across SPLIT CTAs: CTA (row, s)
+// A CTA owns a block row and its warps split the row's stored blocks (warp w: blocks w, w + W,
+// ...): trips indptr -> (blocks, columns) -> B's rows, every block of a round in flight at once;
+// a warp takes all MT row tiles of its blocks (A read once, B's rows once per block), the warps'
+// partial tiles added in shared memory. bsr_gather: all F columns a CTA; bsr_split: a long row's
+// columns of B split across SPLIT CTAs: CTA (row, s)
 // takes columns [s F / SPLIT, (s + 1) F / SPLIT) of a row of ``heavy`` or more stored blocks,
 // and all F of a shorter row (s = 0; the others exit): a dense row's bytes over SPLIT SMs,
 // a light row's A read once.
@@ -386,6 +255,14 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
   }
 }
 
+extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(
+    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
+    const half* __restrict__ B, float* __restrict__ C, int M, int K) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int q0 = indptr[blockIdx.x];
+  row_part<F>(values, indices, B, C, M, K, blockIdx.x, q0, indptr[blockIdx.x + 1] - q0, 0, smem);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) bsr_split(
     const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
     const half* __restrict__ B, float* __restrict__ C, int M, int K, int heavy) {
@@ -401,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_split(
 
 def gather_smem_bytes(br, bc, f, w, g):
     ring = w * g * (br * (bc + 8) + bc * (f + 8)) * 2
-    return max(ring, w * br * f * 4 if w > 1 else 0)
+    return max(ring, w * br * f * 4)  # the slots, then the warps' partial tiles over them
 
 
 LEAN = False  # time bsr_lean too (--lean)
