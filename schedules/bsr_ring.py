@@ -23,10 +23,12 @@ an even share of its stored blocks) and splits the work by role:
   j % teams (``stages`` a multiple of ``teams``, so a ring slot always feeds one team and
   no team waits a phase ahead) and the teams add their partial tiles in shared memory
   after one CTA barrier, a long row split without a cluster's barriers and its launch.
-  Measured, it does not pay: 2 or 4 teams were slower than one team on every case timed
-  (H200, ``benchmarks/results/bsr_small_feat_teams_H200.json``: MiniLM's 384-column layers
-  at 16 and 64 columns, 0.59-0.96x dense against the block-row template's 0.71-1.25x), so
-  it stays a knob the tuner's full space holds and the defaults leave at 1.
+  Measured, it does not pay (H200, ``benchmarks/results/bsr_small_feat_teams_H200.json``,
+  27 cases: MiniLM's layers and random 70 % weights at 16 and 64 columns): the best set with
+  2 or 4 teams was below the best one-team kernel, the default dispatch included, in 26 and
+  level with it in one (0.82 against 0.81x dense); against the same ring with one team it was
+  within 0.02x dense at best. So it stays a knob the tuner's full space holds and the
+  defaults leave at 1.
 
 Measured against the design first as CUDA (``benchmarks/probe_bsr_bulk.py``, results
 ``benchmarks/results/probe_bsr_bulk_r3_H200.json``). The kernel trusts its operands (a

@@ -559,7 +559,7 @@ def _ring_prune(program, knobs) -> Optional[str]:
 
 
 # the tuner's small space: around the probe's winners (results/probe_bsr_bulk_r3_H200.json);
-# teams stay at 1 there: 2 and 4 teams were slower than 1 on every case timed (H200, MiniLM
+# teams stay at 1 there: 2 and 4 teams never beat 1 by more than noise on 27 cases (H200, MiniLM
 # FFN-in / attention-Q and the random 70 % weights, results/bsr_small_feat_teams_H200.json)
 _RING_SMALL = {"warps": (2, 4), "stages": (4, 8), "cluster": (1, 2, 4), "per_stage": (1, 2, 4), "col_split": (1, 2),
                "teams": (1,)}
