@@ -54,6 +54,22 @@ constexpr int B_HALVES = KP * BPITCH;
 
 """ + MMA_HELPERS + r"""
 
+// C's rows of block row br, columns [f0, f0 + FW): the sum of PARTS partial BR x FW tiles
+// laid one after another at red (shared memory), four floats a thread at a time
+template <int FW, int PARTS>
+__device__ __forceinline__ void sum_partials(const float* red, float* __restrict__ C, int M, int br, int f0) {
+  for (int e = threadIdx.x * 4; e < BR * FW; e += THREADS * 4) {
+    float4 s = *reinterpret_cast<const float4*>(red + e);
+#pragma unroll
+    for (int q = 1; q < PARTS; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(red + q * BR * FW + e);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    const int row = br * BR + e / FW;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + e % FW) = s;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
     const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
     const half* __restrict__ B, float* __restrict__ C, int M, int K) {
@@ -141,16 +157,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
       *reinterpret_cast<float2*>(red + (wb * BR + mi * 16 + gq + h * 8) * F + t * 8 + t4 * 2) =
           make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
   __syncthreads();
-  for (int e = tid * 4; e < BR * F; e += THREADS * 4) {
-    float4 s = *reinterpret_cast<float4*>(red + e);
-#pragma unroll
-    for (int q = 1; q < WB; ++q) {
-      const float4 v = *reinterpret_cast<float4*>(red + q * BR * F + e);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    const int row = br * BR + e / F;
-    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + e % F) = s;
-  }
+  sum_partials<F, WB>(red, C, M, br, 0);
 }
 
 // A CTA owns a block row and its warps split the row's stored blocks (warp w: blocks w, w + W,
@@ -243,16 +250,7 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
         *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * FW + t * 8 + t4 * 2) =
             make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
   __syncthreads();
-  for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
-    float4 s = *reinterpret_cast<float4*>(red + e);
-#pragma unroll
-    for (int q = 1; q < W; ++q) {
-      const float4 v = *reinterpret_cast<float4*>(red + q * BR * FW + e);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    const int row = br * BR + e / FW;
-    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + e % FW) = s;
-  }
+  sum_partials<FW, W>(red, C, M, br, f0);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(

@@ -69,7 +69,7 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int) ->
     p.a_halves = r * p.apitch
     p.slot_halves = p.a_halves + c * (feat + PAD)  # a block and B's rows for it, all columns
     p.slots_halves = warps * per_warp * p.slot_halves
-    p.red_floats = warps * r * feat if warps > 1 else 0
+    p.red_floats = warps * r * feat  # the warps' partial tiles, over the slots once they are done
     p.smem = max(p.slots_halves * 2, p.red_floats * 4)
     p.a_chunks = r * c // 8
     if p.smem > SMEM_LIMIT:
@@ -236,7 +236,7 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         T.launch_thread(ty, W)
         T.launch_thread(tx, 32)
         Vs = T.alloc_buffer((p.smem // 2,), "float16", scope="shared.dyn", align=128)
-        Red = T.decl_buffer((max(p.red_floats, 1),), "float32", data=Vs.data, scope="shared.dyn")
+        Red = T.decl_buffer((p.red_floats,), "float32", data=Vs.data, scope="shared.dyn")
         sb = T.alloc_buffer((1,), "uint32", scope="local")
         acc = T.alloc_buffer((MT * (feat // 8) * 4,), "float32", scope="local")
         af = T.alloc_buffer((4,), "uint32", scope="local")

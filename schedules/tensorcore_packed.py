@@ -611,7 +611,7 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
 GATHER_ONLY = set(bsr_gather.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)  # knobs that name it
 
 
-def _gathers(m: "PackedSpmm", knobs=None) -> bool:
+def _gathers(knobs=None) -> bool:
     """``bsr_gather`` builds this BSR SpMM: a knob only it has is given (it is not a default
     yet: the CUDA design was timed, this kernel still is to be)."""
     return bool(set(knobs or {}) & GATHER_ONLY)
@@ -691,7 +691,7 @@ def transformation_for(m: PackedSpmm, knobs=None):
     if m.layout == "tiled_bitmap" and _streams(m, knobs) and (m.clusters or stream_only):
         return tiled_stream_spmm  # without clusters only where its own knobs ask for it (then refused)
     if m.layout == "bsr_blocks":
-        if _gathers(m, knobs):
+        if _gathers(knobs):
             return bsr_gather_spmm
         return bsr_ring_spmm if _rings(m, knobs) else bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
