@@ -81,14 +81,18 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int) ->
 def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None) -> dict:
     """The probe's best sets (``probe_bsr_lean_r3_H200.json``): 8 warps with 4 blocks each on
     16-row blocks, 4 warps otherwise; from 32 columns a row of 1.5x the mean stored blocks
-    or more split 4 ways on 16-row blocks, 2 ways on larger. ``fixed``: knobs already chosen."""
+    or more split 4 ways on 16-row blocks, 2 ways on larger; below 32 columns, 2 ways on
+    blocks of 32 rows or more and none on 16 (MiniLM's 384-column weights at 16 columns:
+    split=2 beat split=1 in 11 of 12 cases of 32- and 64-row blocks and in none of 6 of
+    16-row blocks, ``results/bsr_small_feat_gather_H200.json``). ``fixed``: knobs already
+    chosen."""
     r, c = (int(b) for b in block)
     fixed = dict(fixed or {})
     cols = cols or 4096
     mean = max(-(-cols // c), 1) * max(min(float(density), 1.0), 0.0)
     heavy = next((h for h in KNOBS["heavy"] if h >= 1.5 * mean), KNOBS["heavy"][-1])
     knobs = {"warps": fixed.get("warps", 8 if r == 16 else 4), "per_warp": fixed.get("per_warp", 4),
-             "split": fixed.get("split", (4 if r == 16 else 2) if feat >= 32 else 1),
+             "split": fixed.get("split", (4 if r == 16 else 2) if feat >= 32 else (1 if r == 16 else 2)),
              "heavy": fixed.get("heavy", heavy)}
     if feat % (8 * knobs["split"]) and "split" not in fixed:
         knobs["split"] = 1

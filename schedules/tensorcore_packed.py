@@ -611,10 +611,24 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
 GATHER_ONLY = set(bsr_gather.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)  # knobs that name it
 
 
-def _gathers(knobs=None) -> bool:
-    """``bsr_gather`` builds this BSR SpMM: a knob only it has is given (it is not a default
-    yet: the CUDA design was timed, this kernel still is to be)."""
-    return bool(set(knobs or {}) & GATHER_ONLY)
+# where bsr_gather is the default (H200, results/bsr_small_feat_gather_H200.json): few columns
+# of B on a matrix of short rows (under BSR_STREAM_MIN_COLS columns, where the block-row
+# template was the default). On MiniLM's 384-column weights at 16 columns it was 1.08-1.40x
+# dense over 18 cases against the block-row template's 0.94-1.32x; at 64 columns it lost to
+# the template in most, so wider B stays there.
+GATHER_MAX_FEAT = 16
+
+
+def _gathers(m: PackedSpmm, knobs=None) -> bool:
+    """``bsr_gather`` builds this BSR SpMM: a knob only it has is given; or no knob is, the
+    kernel takes the block shape and width, the width is at most GATHER_MAX_FEAT, and the
+    matrix compiled for (sm_90 on, where it was timed) has rows shorter than
+    BSR_STREAM_MIN_COLS columns."""
+    given = set(knobs or {})
+    if given:
+        return bool(given & GATHER_ONLY)
+    return (m.layout == "bsr_blocks" and m.clusters and m.sized_for is not None and m.feat <= GATHER_MAX_FEAT
+            and m.sized_for[1] < BSR_STREAM_MIN_COLS and bsr_gather.takes(m.tile, m.feat))
 
 
 # where bsr_stream (B's rows resident, shared by a CTA's block rows) beats bsr_ring (B's rows
@@ -663,6 +677,8 @@ def defers(m: PackedSpmm, knobs=None) -> bool:
         return True
     if knobs:
         return False  # their knobs given: theirs, or a refusal that names the arch
+    if _gathers(m):
+        return False
     if not m.clusters or m.sized_for is None or m.density is None:
         return True
     return m.density < BSR_STREAM_MIN_DENSITY or m.sized_for[1] < BSR_STREAM_MIN_COLS
@@ -691,7 +707,7 @@ def transformation_for(m: PackedSpmm, knobs=None):
     if m.layout == "tiled_bitmap" and _streams(m, knobs) and (m.clusters or stream_only):
         return tiled_stream_spmm  # without clusters only where its own knobs ask for it (then refused)
     if m.layout == "bsr_blocks":
-        if _gathers(knobs):
+        if _gathers(m, knobs):
             return bsr_gather_spmm
         return bsr_ring_spmm if _rings(m, knobs) else bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)

@@ -67,8 +67,8 @@ def test_refuses_what_it_cannot_take_by_name(kw, match):
 
 def test_defaults_fit_and_follow_the_matrix():
     """Every default plan fits; long rows (from 1.5x the mean stored blocks) split 4 ways on
-    16-row blocks from 32 columns, none at 16 columns; fewer blocks a warp where shared
-    memory runs out."""
+    16-row blocks from 32 columns, none at 16 columns (2 ways on larger blocks); fewer
+    blocks a warp where shared memory runs out."""
     for block in ((16, 16), (32, 32), (64, 64), (16, 128)):
         for feat in (8, 16, 24, 32, 64):
             if not bg.takes(block, feat):
@@ -77,15 +77,17 @@ def test_defaults_fit_and_follow_the_matrix():
             bg.plan(block, feat, **kn)
     assert bg.default_knobs((16, 16), 64, 1536, 384, 0.3)["split"] == 4
     assert bg.default_knobs((16, 16), 16, 1536, 384, 0.3)["split"] == 1
+    assert bg.default_knobs((32, 32), 16, 1536, 384, 0.3)["split"] == 2
+    assert bg.default_knobs((32, 32), 8, 1536, 384, 0.3)["split"] == 1  # 4 columns a CTA: not a whole MMA
     assert bg.default_knobs((16, 16), 64, 1536, 384, 0.3)["heavy"] == 16  # mean 7.2 stored blocks
     assert bg.default_knobs((16, 16), 64, 1536, 384, 0.1)["heavy"] == 4  # mean 2.4
     assert bg.default_knobs((64, 128), 16, 512, 4096, 0.3, fixed={"warps": 16})["per_warp"] < 4
 
 
-def test_compile_reaches_it_by_its_own_knobs_only():
+def test_compile_reaches_it_by_its_own_knobs():
     """sparsec.compile builds it for a BSR float16 SpMM (the library operator and a user's
-    own product alike) when a knob only it has is given; the default dispatch is unchanged;
-    a block shape it cannot take is refused by name."""
+    own product alike) when a knob only it has is given; a format spec alone keeps the
+    block-row template; a block shape it cannot take is refused by name."""
     import sparsec
     from dense_ops import _spmm
     from sparsec import formats
@@ -111,3 +113,42 @@ def test_compile_reaches_it_by_its_own_knobs_only():
     assert sparsec.compile(mine, inst, target="cuda:sm_80", feat=16, knobs={"per_warp": 2}).knobs["per_warp"] == 2
     with pytest.raises(ValueError, match="split should be one of"):
         sparsec.compile("spmm", inst, target="cuda", feat=64, knobs={"split": 3})
+
+
+@pytest.mark.parametrize("shape,density,feat,target,expect", [
+    ((1536, 384), 0.3, 16, "cuda", "gather"),  # short rows, few columns: this kernel
+    ((384, 384), 0.1, 8, "cuda", "gather"),
+    ((1536, 384), 0.3, 64, "cuda", "blockrow"),  # wider B: the block-row template won
+    ((1536, 384), 0.3, 16, "cuda:sm_80", "blockrow"),  # timed on sm_90 only
+    ((384, 1536), 0.3, 16, "cuda", "ring"),  # long rows, dense enough: bsr_ring's region
+])
+def test_default_dispatch_by_row_length_and_width(shape, density, feat, target, expect):
+    """With no knobs given, ``sparsec.compile``'s plan picks it for few columns (up to
+    GATHER_MAX_FEAT) of B on a matrix of short rows, on sm_90 on; the block-row template or
+    bsr_ring elsewhere, as before."""
+    from sparsec import ops
+    from sparsec.formats import make_format
+    from sparsec.lower import lower_program
+    from sparsec.schedules import templates
+    from sparsec.schedules.tensorcore import bsr_tensorcore
+    from sparsec.schedules.tensorcore_packed import bsr_gather_spmm, bsr_ring_spmm
+
+    _, program = lower_program(ops.get("spmm"), make_format("bsr:16x16"), {"feat": feat}, "float16", atomics=True)
+    sm90 = target == "cuda"
+    got = [u.transformation for u in templates(program, "cuda", None, shape=shape, density=density, clusters=sm90)]
+    assert got == [{"gather": bsr_gather_spmm, "blockrow": bsr_tensorcore, "ring": bsr_ring_spmm}[expect]]
+
+
+def test_compile_picks_it_for_a_short_row_matrix_at_16_columns():
+    """The whole path: a 1536 x 384 block-pruned weight at 16 columns compiles to this kernel
+    with its default knobs (no knob given), at 64 columns to the block-row template."""
+    import sparsec
+    from sparsec import formats
+
+    w = np.random.default_rng(1).standard_normal((1536, 384)).astype(np.float16)
+    w.reshape(96, 16, 24, 16).transpose(0, 2, 1, 3)[np.random.default_rng(2).random((96, 24)) < 0.7] = 0
+    inst = formats.convert(w, "bsr:16x16")
+    k16 = sparsec.compile("spmm", inst, target="cuda", feat=16)
+    assert set(k16.knobs) == set(bg.KNOBS) and k16.knobs["split"] == 1
+    assert "mma.sync" in k16.source() and "mbarrier" not in k16.source()
+    assert not set(sparsec.compile("spmm", inst, target="cuda", feat=64).knobs) & set(bg.KNOBS)

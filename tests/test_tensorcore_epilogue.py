@@ -136,15 +136,21 @@ def test_cuda_kernel_is_one_tensor_core_launch(op, feat):
 
 
 def test_tuner_space_searches_the_small_tiles():
-    """The tuner's space for BSR fp16 with 16 features (its knobs from bsr_tensorcore's
-    declaration) tries the 8- and 16-column tiles and prunes the wider ones."""
+    """The tuner's space for BSR fp16 with 16 features on a matrix the block-row template
+    takes (1024 columns, 10 % of blocks; its knobs from bsr_tensorcore's declaration) tries
+    the 8- and 16-column tiles and prunes the wider ones; on a matrix of short rows (256
+    columns) it searches bsr_gather's knobs, the kernel sparsec.compile picks there."""
     import scipy.sparse as sp
 
     from sparsec.tune.space import Space
 
-    m = sp.csr_matrix(np.kron(sp.random(16, 16, 0.1, random_state=1).toarray() != 0, np.ones((16, 16))),
-                      dtype=np.float32)
-    space = Space("spmm", m, 16, "float16", families=["bsr"])
+    def blocks(cols):
+        mask = sp.random(16, cols // 16, 0.1, random_state=1).toarray() != 0
+        return sp.csr_matrix(np.kron(mask, np.ones((16, 16))), dtype=np.float32)
+
+    space = Space("spmm", blocks(1024), 16, "float16", families=["bsr"])
     tiles = {c["schedule_knobs"]["n_tile"] for c in space.candidates if c["format"] == "bsr:16x16"}
     assert tiles == {8, 16}
     assert any("wider than the 16 features need" in why for why in space.pruned)
+    short = Space("spmm", blocks(256), 16, "float16", families=["bsr"])
+    assert {c["schedule_knobs"]["split"] for c in short.candidates if c["format"] == "bsr:16x16"} == {1, 2}
