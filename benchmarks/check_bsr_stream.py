@@ -98,7 +98,7 @@ GATHER_SETTINGS = [
     (16, {}), (64, {}), (8, {"warps": 2, "per_warp": 1}), (24, {"warps": 16, "per_warp": 2}),
     (64, {"split": 4, "heavy": 1}), (64, {"split": 2, "heavy": 4, "warps": 4}),
     (32, {"split": 4, "heavy": 2, "per_warp": 1}), (48, {"split": 2, "heavy": 16}), (40, {"heavy": 32, "warps": 8}),
-    (16, {"split": 2, "heavy": 8, "per_warp": 4}), (64, {"index_cache": 0}), (16, {"index_cache": 0, "split": 2}),
+    (16, {"split": 2, "heavy": 8, "per_warp": 4}),
 ]
 KERNELS = {  # --kernel: (its settings, its module, how its CUDA source and knobs show it)
     "stream": (STREAM_SETTINGS, "bsr_stream", lambda src, knobs: "__ballot_sync" in src and "bk" in knobs),

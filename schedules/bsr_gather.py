@@ -33,8 +33,7 @@ from .stream_mma import PAD, mma_ops
 from .warp_mma import check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
-KNOBS = {"warps": (8, 4, 2, 16), "per_warp": (4, 2, 1), "split": (1, 2, 4), "heavy": (1, 2, 4, 8, 16, 32),
-         "index_cache": (1024, 0)}
+KNOBS = {"warps": (8, 4, 2, 16), "per_warp": (4, 2, 1), "split": (1, 2, 4), "heavy": (1, 2, 4, 8, 16, 32)}
 MAX_FEAT = 64
 MAX_TILES = 16  # 16 x 8 accumulator tiles a warp holds (64 registers)
 
@@ -46,8 +45,7 @@ def takes(block, feat: int) -> bool:
             and feat % 8 == 0 and r // 16 * feat // 8 <= MAX_TILES)
 
 
-def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int, index_cache: int = 1024
-         ) -> SimpleNamespace:
+def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int) -> SimpleNamespace:
     """The kernel's sizes, checked: ValueError naming the first thing it cannot take."""
     r, c = (int(b) for b in block)
     if r % 16 or not 16 <= r <= 64:
@@ -55,8 +53,7 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int, in
     if c % 16 or not 16 <= c <= 128:
         raise ValueError(f"block columns should be a multiple of 16 up to 128 (the MMA's k-step), got {c}")
     check_sizes(feat=feat, warps=warps, per_warp=per_warp, split=split, heavy=heavy)
-    check_knobs({"warps": warps, "per_warp": per_warp, "split": split, "heavy": heavy, "index_cache": index_cache},
-                KNOBS)
+    check_knobs({"warps": warps, "per_warp": per_warp, "split": split, "heavy": heavy}, KNOBS)
     if feat % 8 or feat > MAX_FEAT:
         raise ValueError(f"feat should be a multiple of 8 up to {MAX_FEAT} (B's rows copied 16 bytes at a "
                          f"time), got {feat}")
@@ -73,13 +70,10 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int, in
     p.slot_halves = p.a_halves + c * (feat + PAD)  # a block and B's rows for it, all columns
     p.slots_halves = warps * per_warp * p.slot_halves
     p.red_floats = warps * r * feat  # the warps' partial tiles, over the slots once they are done
-    p.cache = index_cache
-    p.idx_halves = -(-max(p.slots_halves * 2, p.red_floats * 4) // 16) * 8  # the block columns' copy, 16-byte aligned
-    p.smem = p.idx_halves * 2 + 4 * index_cache
+    p.smem = max(p.slots_halves * 2, p.red_floats * 4)
     p.a_chunks = r * c // 8
     if p.smem > SMEM_LIMIT:
-        raise ValueError(f"block {r}x{c} with warps={warps}, per_warp={per_warp}, index_cache={index_cache} at "
-                         f"{feat} columns needs "
+        raise ValueError(f"block {r}x{c} with warps={warps}, per_warp={per_warp} at {feat} columns needs "
                          f"{p.smem} bytes of shared memory, over {SMEM_LIMIT}: take fewer warps or blocks a warp")
     return p
 
@@ -99,7 +93,7 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     heavy = next((h for h in KNOBS["heavy"] if h >= 1.5 * mean), KNOBS["heavy"][-1])
     knobs = {"warps": fixed.get("warps", 8 if r == 16 else 4), "per_warp": fixed.get("per_warp", 4),
              "split": fixed.get("split", (4 if r == 16 else 2) if feat >= 32 else (1 if r == 16 else 2)),
-             "heavy": fixed.get("heavy", heavy), "index_cache": fixed.get("index_cache", KNOBS["index_cache"][0])}
+             "heavy": fixed.get("heavy", heavy)}
     if feat % (8 * knobs["split"]) and "split" not in fixed:
         knobs["split"] = 1
     while knobs["per_warp"] > 1 and "per_warp" not in fixed:
@@ -112,14 +106,14 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
 
 
 def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, split: int = 1, heavy: int = 8,
-         index_cache: int = 1024, name: str = "bsr_gather"):
+         name: str = "bsr_gather"):
     """The PrimFunc ``name(indptr, indices, values, B, C)``: ``indptr`` (int32, block rows +
     1), ``indices`` (int32, block columns) and ``values`` (float16, the blocks row-major one
     after another) as ``formats.bsr`` stores them; B (K, feat) float16; C (M, feat) float32,
     written whole (no zero fill before). M and K are read from the operands."""
     from tvm.script import tirx as T
 
-    p = plan(block, feat, warps, per_warp, split, heavy, index_cache)
+    p = plan(block, feat, warps, per_warp, split, heavy)
     R, Cb, W, G, S, MT, AP = p.r, p.c, p.W, p.G, p.S, p.mt, p.apitch
     cp, ldm, ldm_t, ldm_t2, mma = mma_ops()
     commit = T.ptx["cp.async.commit_group"]
@@ -151,8 +145,7 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         red = R * FW
 
         @T.macro
-        def row_part(sb, acc, af, bf, col, Red, Idx, cached, indices, values, B, C, K, M, q0, cnt, row0, f0, ty,
-                     tx):
+        def row_part(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, q0, cnt, row0, f0, ty, tx):
             for i in T.unroll(MT * NTW * 4):
                 acc[i] = T.float32(0)
             for rd in range((cnt + W * G - 1) // (W * G)):
@@ -167,12 +160,7 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
                                 cp(at(sb[0], slot + e // (Cb // 8) * AP + e % (Cb // 8) * 8),
                                    values.access_ptr("r", offset=(q0 + i) * (R * Cb) + e * 8, extent=8), 16,
                                    T.uint32(16))
-                        if p.cache == 0:
-                            col[g] = indices[q0 + i]
-                        elif cached:  # the matrix's block columns in shared memory since launch
-                            col[g] = Idx[q0 + i]
-                        else:
-                            col[g] = indices[q0 + i]
+                        col[g] = indices[q0 + i]
                 for g in T.unroll(G):  # B's rows for them: the next
                     i = T.meta_var(ty + (rd * G + g) * W)
                     slot = T.meta_var((ty * G + g) * p.slot_halves + p.a_halves)
@@ -253,8 +241,6 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         T.launch_thread(tx, 32)
         Vs = T.alloc_buffer((p.smem // 2,), "float16", scope="shared.dyn", align=128)
         Red = T.decl_buffer((p.red_floats,), "float32", data=Vs.data, scope="shared.dyn")
-        Idx = T.decl_buffer((max(p.cache, 1),), "int32", data=Vs.data, scope="shared.dyn",
-                            elem_offset=p.idx_halves // 2)
         sb = T.alloc_buffer((1,), "uint32", scope="local")
         acc = T.alloc_buffer((MT * (feat // 8) * 4,), "float32", scope="local")
         af = T.alloc_buffer((4,), "uint32", scope="local")
@@ -262,31 +248,17 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         col = T.alloc_buffer((G,), "int32", scope="local")
         rng = T.alloc_buffer((2,), "int32", scope="local")  # the row's first stored block, its count
         live = T.meta_var(bx < nbr)
-        cached = T.meta_var(nnzb <= p.cache)
         sb[0] = T.call_extern("uint32", "__cvta_generic_to_shared", Vs.access_ptr("w"))
-        if p.cache > 0:  # every block column, in flight with indptr: a block's copies and B's rows for it
-            # then go out together, one dependent trip fewer (16-byte copies, the tail zero-filled)
-            if cached:
-                for it in T.unroll(-(-p.cache // 4 // p.threads)):
-                    e = T.meta_var(it * p.threads + ty * 32 + tx)
-                    if e * 4 < nnzb:
-                        cp(at(sb[0], p.idx_halves + e * 8), indices.access_ptr("r", offset=e * 4, extent=4), 16,
-                           T.Cast("uint32", T.min(nnzb - e * 4, 4) * 4))
-                commit()
         rng[0] = T.if_then_else(live, indptr[T.min(bx, n_ptr - 1)], 0)
         rng[1] = T.if_then_else(live, indptr[T.min(bx + 1, n_ptr - 1)], 0) - rng[0]
-        if p.cache > 0:
-            if cached:
-                wait(0)
-                T.tvm_storage_sync("shared")
         if S == 1:
-            whole(sb, acc, af, bf, col, Red, Idx, cached, indices, values, B, C, K, M, rng[0], rng[1], bx * R, 0, ty, tx)
+            whole(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, rng[0], rng[1], bx * R, 0, ty, tx)
         else:
             if rng[1] >= heavy:
-                share(sb, acc, af, bf, col, Red, Idx, cached, indices, values, B, C, K, M, rng[0], rng[1], bx * R,
+                share(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, rng[0], rng[1], bx * R,
                       by * (feat // S), ty, tx)
             elif by == 0:
-                whole(sb, acc, af, bf, col, Red, Idx, cached, indices, values, B, C, K, M, rng[0], rng[1], bx * R, 0, ty, tx)
+                whole(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, rng[0], rng[1], bx * R, 0, ty, tx)
 
     return bsr_gather
 

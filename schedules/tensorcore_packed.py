@@ -590,13 +590,13 @@ def _gather_prune(program, knobs) -> Optional[str]:
     return _plan_problem(bsr_gather.plan, _gather_resolve, program, knobs)
 
 
-_GATHER_SMALL = {"warps": (8, 4), "per_warp": (4, 2), "split": (1, 2, 4), "heavy": (2, 8, 16), "index_cache": (1024,)}
+_GATHER_SMALL = {"warps": (8, 4), "per_warp": (4, 2), "split": (1, 2, 4), "heavy": (2, 8, 16)}
 
 
 @transformation(knobs={k: Knob(tuple(v), small=_GATHER_SMALL.get(k)) for k, v in bsr_gather.KNOBS.items()},
                 resolve=_gather_resolve,
                 prune=_gather_prune)
-def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, heavy: int, index_cache: int):
+def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, heavy: int):
     """Build ``schedules.bsr_gather``'s kernel for ``program`` into ``built.mod``: the
     format's block shape, the program's columns of B, any matrix size (C written whole, in
     one launch; no clusters, so sm_80 takes it too)."""
@@ -604,7 +604,7 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
 
     m = match(program, "cuda")
     func = bsr_gather.spmm(m.tile, m.feat, warps=warps, per_warp=per_warp, split=split, heavy=heavy,
-                           index_cache=index_cache, name=program.name)
+                           name=program.name)
     built.mod = IRModule({program.name: func})
 
 
