@@ -20,9 +20,10 @@ attention-Q at 90 %: a row of all 24 blocks among rows of ~2), so:
 Designed and measured first as CUDA (``benchmarks/probe_bsr_lean.py``, the ``bsr_split``
 kernel; ``benchmarks/results/probe_bsr_lean_r3_H200.json``): on MiniLM's FFN-in and
 attention-Q weights at 64 columns 0.81-1.00x dense against the block-row template's
-0.71-0.98x (separate runs of one session), at 16 columns 0.96-1.34x. This TIR kernel is
-reached by its knobs; ``sparsec.compile``'s default dispatch does not pick it before it has
-been checked and timed on the GPU. The kernel trusts its operands (a ``formats.bsr``
+0.71-0.98x (separate runs of one session), at 16 columns 0.96-1.34x. This TIR kernel,
+checked on the H200 (``results/check_bsr_gather_H200.json``), is ``sparsec.compile``'s
+default for up to 16 columns on matrices of short rows and is reached by its own knobs
+elsewhere (``schedules.tensorcore_packed``). The kernel trusts its operands (a ``formats.bsr``
 instance's own arrays) and needs ``values`` and B 16-byte aligned.
 """
 from __future__ import annotations

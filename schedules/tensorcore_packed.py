@@ -611,11 +611,11 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
 GATHER_ONLY = set(bsr_gather.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)  # knobs that name it
 
 
-# where bsr_gather is the default (H200, results/bsr_small_feat_gather_H200.json): few columns
-# of B on a matrix of short rows (under BSR_STREAM_MIN_COLS columns, where the block-row
-# template was the default). On MiniLM's 384-column weights at 16 columns it was 1.08-1.40x
-# dense over 18 cases against the block-row template's 0.94-1.32x; at 64 columns it lost to
-# the template in most, so wider B stays there.
+# where bsr_gather is the default: few columns of B on a matrix of short rows (under
+# BSR_STREAM_MIN_COLS columns, where the block-row template was the default). H200, MiniLM's
+# 384-column weights at 16 columns: 1.05-1.40x dense over 18 cases, the block-row template
+# 0.95-1.36x beside it (results/bsr_small_feat_H200.json); at 64 columns it lost to the
+# template in most (results/bsr_small_feat_gather_H200.json), so wider B stays there.
 GATHER_MAX_FEAT = 16
 
 
