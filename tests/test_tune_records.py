@@ -326,3 +326,23 @@ def test_stats_leave_the_matrix_untouched():
     indptr, indices, data = m.indptr.copy(), m.indices.copy(), m.data.copy()
     matrix_stats(m)
     assert np.array_equal(m.indptr, indptr) and np.array_equal(m.indices, indices) and np.array_equal(m.data, data)
+
+
+def test_trusted_records_read_as_checked_ones_and_refuse_what_a_pick_needs():
+    """``Record.trusted`` (a saved model's top records, read on every process's first pick)
+    builds the same record as ``from_dict`` from the fields a pick reads, with its own
+    dicts; a required field missing or empty, or an ok record without a time, is refused."""
+    fields = ("op", "format", "format_knobs", "schedule_knobs", "feat", "dtype", "signature", "target",
+              "time_ms", "status", "timestamp", "trial")
+    d = {k: v for k, v in _record().to_dict().items() if k in fields}
+    fast, checked = rec.Record.trusted(d), rec.Record.from_dict(d)
+    assert fast == checked and fast.versions == {} and fast.extra == {}
+    fast.schedule_knobs["unroll"] = 99
+    assert d["schedule_knobs"].get("unroll") != 99  # not the saved dict itself
+    for field in rec.REQUIRED:
+        with pytest.raises(ValueError, match=field):
+            rec.Record.trusted({k: v for k, v in d.items() if k != field})
+    with pytest.raises(ValueError, match="time_ms"):
+        rec.Record.trusted({**d, "status": "ok", "time_ms": None})
+    with pytest.raises(ValueError, match="JSON object"):
+        rec.Record.trusted([1, 2])

@@ -304,7 +304,7 @@ def tuned_config(op: str, matrix, feat: int, target: str, dtype: str = "float32"
         keys = winning_keys(records, op, exclude_signature=ctx.signature)
         narrow = space(keys)
         fits = any(config_key(c) in keys for c in narrow.candidates)
-        return zero_shot_pick(model, narrow if fits else space(), ctx, records), "model"
+        return zero_shot_pick(model, narrow if fits else space(), ctx, records, keys), "model"
     return space(()).default, "default"  # the default alone: no knob product enumerated (1.0 -> 0.3 s at 4M entries)
 
 
@@ -468,7 +468,7 @@ def _read_knowledge(log: str):
     model = _saved_model(log)
     if model is not None and isinstance(model.meta.get("top_records"), list):
         try:
-            return [R.Record.from_dict(d) for d in model.meta["top_records"]], model
+            return [R.Record.trusted(d) for d in model.meta["top_records"]], model
         except ValueError as e:  # a damaged file: the log still holds everything
             warnings.warn(f"{model_path(log)}: {e}; reading {log} instead", stacklevel=3)
     records = R.load(log)

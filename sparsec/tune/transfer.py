@@ -59,8 +59,11 @@ def transfer_pool(space, keys: Set[str]) -> List[Dict[str, Any]]:
     return pool
 
 
-def zero_shot_pick(model, space, ctx, records: Iterable[Any]) -> Dict[str, Any]:
-    """The model's top prediction over ``transfer_pool`` built from ``records``."""
-    pool = transfer_pool(space, winning_keys(records, space.op, exclude_signature=ctx.signature))
+def zero_shot_pick(model, space, ctx, records: Iterable[Any], keys: Optional[Set[str]] = None) -> Dict[str, Any]:
+    """The model's top prediction over ``transfer_pool`` built from ``records`` (``keys``:
+    their ``winning_keys`` for this matrix, where the caller has them already)."""
+    if keys is None:
+        keys = winning_keys(records, space.op, exclude_signature=ctx.signature)
+    pool = transfer_pool(space, keys)
     scores = model.predict(pool, ctx)
     return pool[int(np.argmax(scores))]
