@@ -178,7 +178,6 @@ class Record:
         known.setdefault("timestamp", 0.0)
         return cls(**known, extra=extra)
 
-
     @classmethod
     def trusted(cls, d: Mapping[str, Any]) -> "Record":
         """A record from fields this package checked when it wrote them (a saved model's
