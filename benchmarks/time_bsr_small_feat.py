@@ -131,6 +131,13 @@ def check_and_time(kernel, A, dense, feat, timed, torch, check=True):
     return ok, err, ms, B
 
 
+def keep_partial(rows, sweep):
+    """What the run has measured so far, in ``$OUT/bsr_small_feat_partial.json`` (when
+    ``$OUT`` is set): a run cut short by the device's time limit still leaves its rows."""
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bsr_small_feat_partial.json").write_text(json.dumps({"rows": rows, "sweep": sweep}))
+
+
 def main():
     import torch
 
@@ -206,6 +213,7 @@ def main():
                 print(f"    set {i} {mss:.4f} ms x{dense_ms / mss:.2f}", flush=True)
             print(f"{'ok ' if ok else 'BAD'} {name:<34} feat={feat:<3} {ms:.4f} ms dense {dense_ms:.4f} ms "
                   f"x{dense_ms / ms:.2f} {k.knobs}", flush=True)
+            keep_partial(rows, [])
     sweep = []
     if args.sweep:  # each knob set completed for each case's shape, compiled once, checked on its first case
         from sparsec.schedules import bsr_ring, bsr_stream
@@ -233,9 +241,7 @@ def main():
                 if not ok:
                     print(f"BAD sweep {name} feat={feat} {knobs}", flush=True)
             print(f"sweep {name} feat={feat} done", flush=True)
-            if os.environ.get("OUT"):  # kept as it goes: a run cut short still leaves what it measured
-                Path(os.environ["OUT"], "bsr_small_feat_partial.json").write_text(
-                    json.dumps({"rows": rows, "sweep": sweep}))
+            keep_partial(rows, sweep)
         best = {}
         for r in sweep:
             key = (r["case"], r["feat"])
