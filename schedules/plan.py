@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from . import cpu, cuda, tensorcore, tensorcore_packed, tensorcore_sddmm
+from . import bsr_dispatch, cpu, cuda, tensorcore, tensorcore_packed, tensorcore_sddmm
 from .knobs import ANY, Transformation, group
 
 TARGET_KINDS = ("llvm", "cuda")
@@ -44,7 +44,7 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Op
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
     packed = tensorcore_packed.match(program, target_kind, shape=shape, density=density, clusters=clusters)
-    if packed is not None and not tensorcore_packed.defers(packed, knobs):
+    if packed is not None and not bsr_dispatch.defers(packed, knobs):
         return [Use(tensorcore_packed.transformation_for(packed, knobs), (ANY,), (program,))]
     if tensorcore.applies(program, target_kind, knobs):
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import bsr_gather, bsr_ring, bsr_stream
+from . import bsr_dispatch, bsr_gather, bsr_ring, bsr_stream
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
 from . import tiled_stream
@@ -608,82 +608,6 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
     built.mod = IRModule({program.name: func})
 
 
-GATHER_ONLY = set(bsr_gather.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)  # knobs that name it
-
-
-# where bsr_gather is the default: few columns of B on a matrix of short rows (under
-# BSR_STREAM_MIN_COLS columns, where the block-row template was the default). H200, MiniLM's
-# 384-column weights at 16 columns: 1.05-1.40x dense over 18 cases, the block-row template
-# 0.95-1.36x beside it (results/bsr_small_feat_H200.json); at 64 columns it lost to the
-# template in most (results/bsr_small_feat_gather_H200.json), so wider B stays there.
-GATHER_MAX_FEAT = 16
-
-
-def _gathers(m: PackedSpmm, knobs=None) -> bool:
-    """``bsr_gather`` builds this BSR SpMM: a knob only it has is given; or no knob is, the
-    kernel takes the block shape and width, the width is at most GATHER_MAX_FEAT, and the
-    matrix compiled for (sm_90 on, where it was timed) has rows shorter than
-    BSR_STREAM_MIN_COLS columns."""
-    given = set(knobs or {})
-    if given:
-        return bool(given & GATHER_ONLY)
-    return (m.layout == "bsr_blocks" and m.clusters and m.sized_for is not None and m.feat <= GATHER_MAX_FEAT
-            and m.sized_for[1] < BSR_STREAM_MIN_COLS and bsr_gather.takes(m.tile, m.feat))
-
-
-# where bsr_stream (B's rows resident, shared by a CTA's block rows) beats bsr_ring (B's rows
-# gathered for each block, as many bytes as a 16 x 16 block at 16 columns): tiny blocks, few
-# columns, many block rows (H200: 4096^2, 16 x 16, 70 %, 16 columns: 9.6 vs 11.7 us; at 24-64
-# block rows bsr_ring won, results/bsr_small_feat_ring_H200.json)
-STREAM_TINY_BLOCK, STREAM_MAX_FEAT_TINY, STREAM_MIN_BLOCK_ROWS = 256, 16, 128
-
-
-def _rings(m: PackedSpmm, knobs=None) -> bool:
-    """``bsr_ring`` takes this BSR SpMM: its block shape, a multiple of 8 columns of B up to
-    64, no knob only ``bsr_stream`` has (``nb``, ``bk``) given, and not a matrix of many
-    block rows of tiny blocks at few columns (``bsr_stream``'s own region)."""
-    given = set(knobs or {})
-    if given & (set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS)) or not bsr_ring.takes(m.tile, m.feat):
-        return False
-    if given & (set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS)):
-        return True  # a knob only bsr_ring has
-    r, c = m.tile
-    tiny = r * c <= STREAM_TINY_BLOCK and m.feat <= STREAM_MAX_FEAT_TINY
-    many = m.sized_for is not None and m.sized_for[0] >= STREAM_MIN_BLOCK_ROWS * r
-    return not (tiny and many)
-
-
-# where the few-column kernels beat the block-row template (H200, benchmarks/results/
-# bsr_small_feat_stream_H200.json, bsr_small_feat_ring_H200.json): a matrix with at least this share
-# of its blocks stored and this many columns; sparser or shorter rows are a few blocks each,
-# and the block-row template's shorter prologue wins
-BSR_STREAM_MIN_DENSITY = 0.2
-BSR_STREAM_MIN_COLS = 1024
-
-
-def defers(m: PackedSpmm, knobs=None) -> bool:
-    """True where the block-row BSR template (``schedules.tensorcore``) runs a program the
-    few-column kernels (``bsr_ring``, ``bsr_stream``) could take: its knobs (n_tile,
-    k_split, ...) are given; or none of theirs is, and the matrix compiled for (if any) is
-    sparser or narrower than where they win (a format spec alone, or an arch without
-    thread-block clusters: the block-row template too). On the H200's blocks suite
-    ``bsr_ring``'s ratio to dense beat ``bsr_stream``'s in 23 of 24 cases of that region and
-    lost to the block-row template's in most outside it, whose fewer dependent steps win on
-    short walks (results/bsr_small_feat_ring_H200.json against bsr_small_feat_stream_H200.json)."""
-    if m.layout != "bsr_blocks":
-        return False
-    knobs = knobs or {}
-    if set(knobs) - set(bsr_stream.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_gather.KNOBS):
-        return True
-    if knobs:
-        return False  # their knobs given: theirs, or a refusal that names the arch
-    if _gathers(m):
-        return False
-    if not m.clusters or m.sized_for is None or m.density is None:
-        return True
-    return m.density < BSR_STREAM_MIN_DENSITY or m.sized_for[1] < BSR_STREAM_MIN_COLS
-
-
 STREAM_MAX_FEAT = 64  # above, the tiled kernel that shares its decoded tiles across more columns
 
 
@@ -707,9 +631,9 @@ def transformation_for(m: PackedSpmm, knobs=None):
     if m.layout == "tiled_bitmap" and _streams(m, knobs) and (m.clusters or stream_only):
         return tiled_stream_spmm  # without clusters only where its own knobs ask for it (then refused)
     if m.layout == "bsr_blocks":
-        if _gathers(m, knobs):
+        if bsr_dispatch.gathers(m, knobs):
             return bsr_gather_spmm
-        return bsr_ring_spmm if _rings(m, knobs) else bsr_stream_spmm
+        return bsr_ring_spmm if bsr_dispatch.rings(m, knobs) else bsr_stream_spmm
     return _TRANSFORMATIONS.get(m.layout, tc_pipeline_spmm)
 
 

@@ -22,7 +22,7 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import (default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore,
+from .schedules import (bsr_dispatch, default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore,
                         tensorcore_packed, tensorcore_sddmm)
 from .targets import parse_target
 
@@ -90,7 +90,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
                                      shape=None if instance is None else instance.shape,
                                      density=_density(instance), clusters=spec.has_clusters,
                                      skew=_row_skew(instance))
-    if packed is not None and tensorcore_packed.defers(packed, knobs):
+    if packed is not None and bsr_dispatch.defers(packed, knobs):
         packed = None  # BSR: the block-row template's knobs given, or a matrix where it wins
     if packed is not None:  # 2:4 mma.sp, vector-wise N:M and int8 SR-BCRS SpMM on Tensor Cores
         sch, used = tensorcore_packed.schedule(program, packed, **(knobs or {}))

@@ -187,6 +187,7 @@ def test_an_arch_without_clusters_gets_kernels_that_run_there():
     from sparsec import formats, ops
     from sparsec.formats import make_format
     from sparsec.lower import lower_program
+    from sparsec.schedules import bsr_dispatch
     from sparsec.schedules import tensorcore_packed as tp
     from sparsec.targets import parse_target
 
@@ -201,7 +202,7 @@ def test_an_arch_without_clusters_gets_kernels_that_run_there():
         return tp.match(program, "cuda", shape=(1024, 2048), density=0.3, clusters=clusters)
 
     for feat in (20, 64):
-        assert not tp.defers(packed("bsr:32x32", feat, True)) and tp.defers(packed("bsr:32x32", feat, False))
+        assert not bsr_dispatch.defers(packed("bsr:32x32", feat, True)) and bsr_dispatch.defers(packed("bsr:32x32", feat, False))
     assert tp.transformation_for(packed("tiled:16x64", 16, True)) is tp.tiled_stream_spmm
     assert tp.transformation_for(packed("tiled:16x64", 16, False)) is tp.tiled_tc_spmm
     rng = np.random.default_rng(3)
