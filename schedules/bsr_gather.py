@@ -23,7 +23,7 @@ attention-Q weights at 64 columns 0.81-1.00x dense against the block-row templat
 0.71-0.98x (separate runs of one session), at 16 columns 0.96-1.34x. This TIR kernel,
 checked on the H200 (``results/check_bsr_gather_H200.json``), is ``sparsec.compile``'s
 default for up to 16 columns on matrices of short rows and is reached by its own knobs
-elsewhere (``schedules.tensorcore_packed``). The kernel trusts its operands (a ``formats.bsr``
+elsewhere (``schedules.bsr_dispatch``). The kernel trusts its operands (a ``formats.bsr``
 instance's own arrays) and needs ``values`` and B 16-byte aligned.
 """
 from __future__ import annotations
