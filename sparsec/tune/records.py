@@ -189,8 +189,10 @@ class Record:
         if not isinstance(d, Mapping):
             raise ValueError(f"a record should be a JSON object, got {type(d).__name__}")
         missing = [k for k in REQUIRED if not isinstance(d.get(k), str) or not d[k]]
-        if missing or (d["status"] == "ok" and not isinstance(d.get("time_ms"), (int, float))):
-            raise ValueError(f"a saved record lacks {missing or ['time_ms']}: {dict(d)!r}"[:300])
+        if missing:
+            raise ValueError(f"record is missing the required field '{missing[0]}' (a non-empty string)")
+        if d["status"] == "ok" and not isinstance(d.get("time_ms"), (int, float)):
+            raise ValueError("record field 'time_ms' is required (a finite number) when status is 'ok'")
         rec = object.__new__(cls)
         rec.__dict__.update(_TRUSTED_DEFAULTS)
         rec.__dict__.update({k: v for k, v in d.items() if k in _TRUSTED_DEFAULTS})
