@@ -65,8 +65,9 @@ def defers(m, knobs=None) -> bool:
     """True where the block-row BSR template (``schedules.tensorcore``) runs a program the
     few-column kernels (``bsr_gather``, ``bsr_ring``, ``bsr_stream``) could take: its knobs
     (n_tile, k_split, ...) are given; or none of theirs is, ``bsr_gather``'s region (above)
-    does not hold, and the matrix compiled for (if any) is sparser or narrower than where they win (a format spec alone, or an arch without
-    thread-block clusters: the block-row template too). On the H200's blocks suite
+    does not hold, and the matrix compiled for (if any) is sparser or narrower than where
+    they win (a format spec alone, or an arch without thread-block clusters: the block-row
+    template too). On the H200's blocks suite
     ``bsr_ring``'s ratio to dense beat ``bsr_stream``'s in 23 of 24 cases of that region and
     lost to the block-row template's in most outside it, whose fewer dependent steps win on
     short walks (results/bsr_small_feat_ring_H200.json against bsr_small_feat_stream_H200.json)."""

@@ -184,14 +184,17 @@ class Record:
         top records), built without :meth:`from_dict`'s checks: a first pick reads a few
         hundred, and their checks were most of its 40 ms of reading. Fields not given take
         empty values (``versions`` and ``extra`` empty, ``timestamp`` 0: no clock or version
-        probe); a required field missing or empty, or an ok record without a time, is a
-        ValueError."""
+        probe); a required field missing or empty, an unknown status, or an ok record without
+        a time, is a ValueError."""
         if not isinstance(d, Mapping):
             raise ValueError(f"a record should be a JSON object, got {type(d).__name__}")
         missing = [k for k in REQUIRED if not isinstance(d.get(k), str) or not d[k]]
         if missing:
             raise ValueError(f"record is missing the required field '{missing[0]}' (a non-empty string)")
-        if d["status"] == "ok" and not isinstance(d.get("time_ms"), (int, float)):
+        if d["status"] not in STATUSES:
+            raise ValueError(f"record field 'status' should be one of {', '.join(STATUSES)}; got {d['status']!r}")
+        time_ms = d.get("time_ms")
+        if d["status"] == "ok" and (isinstance(time_ms, bool) or not isinstance(time_ms, (int, float))):
             raise ValueError("record field 'time_ms' is required (a finite number) when status is 'ok'")
         rec = object.__new__(cls)
         rec.__dict__.update(_TRUSTED_DEFAULTS)
