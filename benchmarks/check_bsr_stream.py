@@ -93,6 +93,9 @@ RING_SETTINGS = [
     (16, {"warps": 2, "cluster": 1, "per_stage": 4}),
     (64, {"teams": 4, "stages": 8, "per_stage": 4, "cluster": 1}), (16, {"teams": 2, "cluster": 1}),
     (40, {"teams": 2, "stages": 8, "cluster": 1, "per_stage": 1}),
+    # the producer's two ways to copy (tma=1, the default where its swizzles take the shapes)
+    (64, {"tma": 0}), (16, {"tma": 0, "cluster": 2, "per_stage": 4}),
+    (32, {"tma": 1, "cluster": 4, "col_split": 2, "per_stage": 2}), (8, {"tma": 1, "per_stage": 4, "stages": 8}),
 ]
 GATHER_SETTINGS = [
     (16, {}), (64, {}), (8, {"warps": 2, "per_warp": 1}), (24, {"warps": 16, "per_warp": 2}),

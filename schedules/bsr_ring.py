@@ -13,6 +13,12 @@ an even share of its stored blocks) and splits the work by role:
   padded so ``ldmatrix`` reads hit distinct banks; rows past K zero-filled), and signals
   the stage's ``mbarrier`` when its copies land (``cp.async.mbarrier.arrive.noinc``), with
   ``per_stage`` blocks a stage so short blocks amortise the handshake;
+* or, with ``tma=1`` (the default wherever the shapes allow), **one lane of it issues TMA
+  tensor copies**: one a stage for its blocks (consecutive in ``values``) and one a block
+  for B's rows, into 1024-byte aligned stages that the copy engine swizzles (so ``ldmatrix``
+  needs no padding), arming the stage's barrier with their byte count; the tensor maps are
+  encoded on the host at every call and passed as grid constants (CUDA probe first:
+  ``benchmarks/probe_bsr_tma.py``, ``results/probe_bsr_tma_H200.json``);
 * **consumer warps** wait on the stage's barrier, multiply (``ldmatrix`` + ``mma.m16n8k16``
   into float32 accumulators; warp w takes 16 of the block's rows and a group of columns)
   and release the stage to the producer through a second barrier;
@@ -44,7 +50,13 @@ from .warp_mma import check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 KNOBS = {"warps": (2, 4, 1, 8), "stages": (4, 8, 2), "cluster": (1, 2, 4, 8), "per_stage": (1, 2, 4),
-         "col_split": (1, 2, 4), "teams": (1, 2, 4)}
+         "col_split": (1, 2, 4), "teams": (1, 2, 4), "tma": (1, 0)}
+# tma=1: the producer's copies are TMA tensor copies into swizzled stages (below); the byte
+# width of a row of a block (c halves) or of B's rows for it (a CTA's nb columns) picks the
+# copy engine's swizzle pattern, whose 16-byte chunk index (address bits 4-6) is XORed with
+# address bits 7-9 under this mask, so ldmatrix's eight rows land in distinct banks
+# (a stage's box of per_stage x r rows stays within the copy engine's 256)
+SWIZZLE = {16: (0, 0x00), 32: (1, 0x10), 64: (2, 0x30), 128: (3, 0x70)}  # row bytes: (driver enum, mask)
 MAX_FEAT = 64  # wider B: the block-row template, whose gathers of B are then worth their bytes
 # a matrix of at most this many stored blocks has its whole ``indices`` copied into shared
 # memory by every CTA in the same round trip as its ``indptr`` entries, so the producer's
@@ -62,7 +74,7 @@ def takes(block, feat: int) -> bool:
 
 
 def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int, col_split: int,
-         teams: int = 1) -> SimpleNamespace:
+         teams: int = 1, tma: int = 0) -> SimpleNamespace:
     """The kernel's sizes, checked: ValueError naming the first thing it cannot take."""
     r, c = (int(b) for b in block)
     if r % 16 or not 16 <= r <= 64:
@@ -72,7 +84,7 @@ def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int
     check_sizes(feat=feat, warps=warps, stages=stages, cluster=cluster, per_stage=per_stage, col_split=col_split,
                 teams=teams)
     check_knobs({"warps": warps, "stages": stages, "cluster": cluster, "per_stage": per_stage,
-                 "col_split": col_split, "teams": teams}, KNOBS)
+                 "col_split": col_split, "teams": teams, "tma": tma}, KNOBS)
     if teams > 1 and cluster > 1:
         raise ValueError(f"teams={teams} with cluster={cluster}: a row's walk is split either by teams of "
                          f"consumer warps in one CTA or by the CTAs of a cluster, not both")
@@ -95,13 +107,26 @@ def plan(block, feat: int, warps: int, stages: int, cluster: int, per_stage: int
     if (nb // 8) % groups:
         raise ValueError(f"warps={warps} on a {r}-row block make {groups} column groups, which do not split a "
                          f"CTA's {nb} columns into 8-column tiles: take fewer warps or a smaller col_split")
+    if tma:
+        if c * 2 not in SWIZZLE or nb * 2 not in SWIZZLE:
+            raise ValueError(f"tma=1 copies rows of a block ({c} columns) and of B ({nb} columns a CTA) of 16, 32, 64 "
+                             f"or 128 bytes (the copy engine's swizzle spans): take tma=0")
     p = SimpleNamespace(r=r, c=c, feat=feat, W=warps, D=stages, S=cluster, G=per_stage, NS=col_split, nb=nb,
                         mt=mt, groups=groups, ntw=nb // 8 // groups, ks=c // 16, apitch=c + PAD, bpitch=nb + PAD,
-                        TM=teams, threads=(warps * teams + 1) * 32)
+                        TM=teams, threads=(warps * teams + 1) * 32, tma=bool(tma))
     p.a_halves = r * p.apitch
     p.block_halves = p.a_halves + c * p.bpitch
     p.stage_halves = per_stage * p.block_halves
     p.ring_halves = stages * p.stage_halves
+    if tma:  # a stage: its blocks in one box, then B's rows for each, each region 1024-byte aligned
+        p.a_bytes = per_stage * r * c * 2
+        p.b_bytes = c * nb * 2
+        p.a_region = -(-p.a_bytes // 1024) * 1024
+        p.b_region = -(-p.b_bytes // 1024) * 1024
+        p.stage_bytes = p.a_region + per_stage * p.b_region
+        p.ring_halves = (stages * p.stage_bytes + 1024) // 2  # + the slack that aligns the ring
+        p.a_swizzle, p.a_mask = SWIZZLE[c * 2]
+        p.b_swizzle, p.b_mask = SWIZZLE[nb * 2]
     p.red = r * nb  # floats of a CTA's partial tile (cluster reduction; a team's, summed in the CTA)
     p.red_halves = 2 * p.red * (teams if teams > 1 else (1 if cluster > 1 else 0))
     p.bar_halves = 8 * stages  # full and empty barriers, 8 bytes each
@@ -149,7 +174,11 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     col_split = fixed.get("col_split", 2 if feat >= 32 and feat % 16 == 0 and nbr < 64 else 1)
     nb = max(feat // col_split, 1)
     moved = per_row * (r * c + c * nb) / 1024  # thousands of halves a block row moves
-    cluster = fixed.get("cluster", 4 if nbr * col_split * 4 <= 400 and moved >= 12 else 1)
+    # where 4 a row would pass 400 CTAs (many block rows), long walks still split in two: on the
+    # H200 a cluster of 2 beat 1 on all 18 cases timed (random 4096 x 4096, 1024 x 4096 and BERT's
+    # 768 x 3072 at 70 %, blocks 16-64, 16 and 64 columns; 4096 x 4096 at 64 columns: 1.13-1.16x
+    # dense against 0.79-1.09x, results/bsr_small_feat_ring_clusters_H200.json)
+    cluster = fixed.get("cluster", (4 if nbr * col_split * 4 <= 400 else 2) if moved >= 12 else 1)
     if cluster == 4 and "cluster" not in fixed and skew >= SKEWED and nbr * col_split * 8 <= 400:
         cluster = 8
     mt = r // 16
@@ -161,28 +190,33 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     walk = per_row / cluster
     per_stage = fixed.get("per_stage", 1 if mt == 4 else (4 if walk >= 24 else (2 if walk >= 2 else 1)))
     knobs = {"warps": warps, "stages": fixed.get("stages", 4), "cluster": cluster, "per_stage": per_stage,
-             "col_split": col_split, "teams": fixed.get("teams", 1)}
+             "col_split": col_split, "teams": fixed.get("teams", 1), "tma": fixed.get("tma", 0)}
     while not _fits(block, feat, knobs) and knobs["per_stage"] > 1 and "per_stage" not in fixed:
         knobs["per_stage"] //= 2
     while not _fits(block, feat, knobs) and knobs["stages"] > 2 and "stages" not in fixed:
         knobs["stages"] //= 2
+    if "tma" not in fixed:  # tensor copies wherever their boxes and swizzles take the shapes
+        knobs["tma"] = 1 if _fits(block, feat, {**knobs, "tma": 1}) else 0
     return knobs
 
 
 def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluster: int = 1, per_stage: int = 1,
-         col_split: int = 1, teams: int = 1, name: str = "bsr_ring"):
+         col_split: int = 1, teams: int = 1, tma: int = 0, name: str = "bsr_ring"):
     """The PrimFunc ``name(indptr, indices, values, B, C)``: ``indptr`` (int32, block rows +
     1), ``indices`` (int32, block columns) and ``values`` (float16, the blocks row-major one
     after another) as ``formats.bsr`` stores them; B (K, feat) float16; C (M, feat) float32,
     written whole (no zero fill before). M and K are read from the operands."""
     from tvm.script import tirx as T
 
-    p = plan(block, feat, warps, stages, cluster, per_stage, col_split, teams)
+    p = plan(block, feat, warps, stages, cluster, per_stage, col_split, teams, tma)
+    tma = bool(tma)  # TVMScript takes a Python bool as a branch decided when the function is built
     R, Cb, W, D, S, G, NS, nb, TM = p.r, p.c, p.W, p.D, p.S, p.G, p.NS, p.nb, p.TM
     AP, BP, MT, ntw = p.apitch, p.bpitch, p.mt, p.ntw
     cp, ldm, ldm_t, ldm_t2, mma = mma_ops()
     arrive_copies = T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"]
     arrive = T.ptx["mbarrier.arrive.shared::cta.b64"]
+    expect_bytes = T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"]
+    tensor_copy = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"]
     ld_idx, st_idx = T.ptx["ld.shared.s32"], T.ptx["st.shared.b32"]
     full_mask = T.uint32(0xFFFFFFFF)
     sum_each = sum_share(p.red, S, p.threads)
@@ -238,6 +272,41 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         arrive_copies(sb[1] + T.Cast("uint32", s * 8))
 
     @T.macro
+    def produce_tma(sb, win, cols, indices, q0, cnt, f0, j, tx, cached, map_a, map_b):
+        """Stage ``j`` by tensor copies (tma=1): every lane reads the stage's block columns
+        (a window of 32 shuffled, or shared memory), lane 0 waits for the slot, arms the
+        stage's full barrier with its byte count and issues one copy of the stage's blocks
+        (consecutive in ``values``) and one of B's ``c`` rows for each block (rows past K
+        zero-filled by the copy engine)."""
+        s = T.meta_var(j % D)
+        for g in T.unroll(G):
+            i = T.meta_var(j * G + g)
+            if cached:
+                if i < cnt:
+                    ld_idx(cols[g], sb[2] + T.Cast("uint32", (q0 + i) * 4))
+            else:
+                if i % 32 == 0:
+                    win[0] = T.if_then_else(i + tx < cnt, indices[T.min(q0 + i + tx, indices.shape[0] - 1)], 0)
+                cols[g] = T.call_extern("int32", "__shfl_sync", full_mask, win[0], i % 32)
+        if tx == 0:
+            if j >= D:
+                T.cuda.mbarrier_wait(sb[1] + T.Cast("uint32", (D + s) * 8), (j // D - 1) % 2)  # consumers done with it
+            full = T.meta_var(sb[1] + T.Cast("uint32", s * 8))
+            stage = T.meta_var(sb[0] + T.Cast("uint32", s * p.stage_bytes))
+            expect_bytes(full, T.Cast("uint32", p.a_bytes + T.min(G, cnt - j * G) * p.b_bytes))
+            tensor_copy(stage, T.address_of(map_a), 0, (q0 + j * G) * R, full)
+            for g in T.unroll(G):
+                if j * G + g < cnt:
+                    tensor_copy(stage + T.uint32(p.a_region + g * p.b_region), T.address_of(map_b), f0,
+                                cols[g] * Cb, full)
+        T.evaluate(T.call_extern("void", "__syncwarp", full_mask))
+
+    def swizzled(base, offset, mask):
+        """``base`` (a 1024-byte aligned shared address) plus ``offset`` bytes as the copy engine
+        laid them out: 16-byte chunk bits 4-6 XORed with bits 7-9 under ``mask``."""
+        return base + T.Cast("uint32", offset ^ ((offset >> 3) & mask))
+
+    @T.macro
     def consume(sb, af, bf, acc, cnt, j, mi, n0, tx):
         """Wait for stage ``j``, multiply its blocks into the accumulators, release it."""
         s = T.meta_var(j % D)
@@ -247,17 +316,33 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
                 a_base = T.meta_var(s * p.stage_halves + g * p.block_halves)
                 b_base = T.meta_var(a_base + p.a_halves)
                 for kk in T.unroll(p.ks):
-                    ldm(af[0], af[1], af[2], af[3],
-                        at(sb[0], a_base + (mi * 16 + tx % 16) * AP + kk * 16 + tx // 16 * 8))
+                    if p.tma:
+                        ldm(af[0], af[1], af[2], af[3],
+                            swizzled(sb[0] + T.uint32(s * p.stage_bytes),
+                                     (g * R + mi * 16 + tx % 16) * (Cb * 2) + (kk * 2 + tx // 16) * 16, p.a_mask))
+                    else:
+                        ldm(af[0], af[1], af[2], af[3],
+                            at(sb[0], a_base + (mi * 16 + tx % 16) * AP + kk * 16 + tx // 16 * 8))
                     for t in T.unroll(ntw // 2):
-                        ldm_t(bf[0], bf[1], bf[2], bf[3],
-                              at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + t * 16 + tx // 16 * 8))
+                        if p.tma:
+                            ldm_t(bf[0], bf[1], bf[2], bf[3],
+                                  swizzled(sb[0] + T.uint32(s * p.stage_bytes + p.a_region + g * p.b_region),
+                                           (kk * 16 + tx % 16) * (nb * 2) + ((n0 + t * 16) // 8 + tx // 16) * 16,
+                                           p.b_mask))
+                        else:
+                            ldm_t(bf[0], bf[1], bf[2], bf[3],
+                                  at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + t * 16 + tx // 16 * 8))
                         for h in T.unroll(2):
                             a = T.meta_var((t * 2 + h) * 4)
                             mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3],
                                 bf[h * 2], bf[h * 2 + 1], acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
                     if ntw % 2 == 1:
-                        ldm_t2(bf[0], bf[1], at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + (ntw - 1) * 8))
+                        if p.tma:
+                            ldm_t2(bf[0], bf[1],
+                                   swizzled(sb[0] + T.uint32(s * p.stage_bytes + p.a_region + g * p.b_region),
+                                            (kk * 16 + tx % 16) * (nb * 2) + (n0 + (ntw - 1) * 8) // 8 * 16, p.b_mask))
+                        else:
+                            ldm_t2(bf[0], bf[1], at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + (ntw - 1) * 8))
                         a = T.meta_var((ntw - 1) * 4)
                         mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3], bf[0], bf[1],
                             acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
@@ -279,6 +364,15 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         B = T.match_buffer(b_h, (K, feat), "float16")
         C = T.match_buffer(c_h, (M, feat), "float32")
         nbr = T.meta_var(T.max(n_ptr - 1, 0))
+        if tma:  # host side, every call: the tensor maps of the blocks (as rows of c) and of B
+            map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            T.tensormap_encode_tiled(map_a, values.data, Cb, T.max(n_vals // Cb, 1), Cb * 2, Cb, G * R, 1, 1,
+                                     descriptor_dtype="float16", rank=2, interleave=0, swizzle=p.a_swizzle,
+                                     l2_promotion=2, oob_fill=0, force_cu_dtype=-1)
+            map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            T.tensormap_encode_tiled(map_b, B.data, feat, T.max(K, 1), feat * 2, nb, Cb, 1, 1,
+                                     descriptor_dtype="float16", rank=2, interleave=0, swizzle=p.b_swizzle,
+                                     l2_promotion=2, oob_fill=0, force_cu_dtype=-1)
         bx = T.env_thread("blockIdx.x")
         ty = T.env_thread("threadIdx.y")
         tx = T.env_thread("threadIdx.x")
@@ -306,6 +400,7 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         rng = T.alloc_buffer((6,), "int32", scope="local")
         # lane l: the column of the window's l-th block; the column of the block being copied
         win = T.alloc_buffer((2,), "int32", scope="local")
+        cols = T.alloc_buffer((G,), "int32", scope="local")  # tma=1: the block columns of the stage being copied
         held = T.alloc_buffer((p.idx_iters,), "int32", scope="local")  # a thread's share of a small matrix's block columns
         mapped = T.alloc_buffer((1,), "uint64", scope="local")
         sums = T.alloc_buffer((sum_each,), "float32", scope="local")
@@ -317,6 +412,8 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         sb[0] = T.call_extern("uint32", "__cvta_generic_to_shared", Vs.access_ptr("w"))
         sb[1] = sb[0] + T.uint32((p.ring_halves + p.red_halves) * 2)
         sb[2] = sb[1] + T.uint32(p.bar_halves * 2)
+        if tma:  # the copy engine's swizzle follows address bits: stages start on 1024 bytes
+            sb[0] = (sb[0] + T.uint32(1023)) & T.uint32(0xFFFFFC00)
         rng[3] = bx // S % NS * nb
         # the row's indptr entries and, for a small matrix, every block's column: loads that
         # do not depend on each other, in flight together (stored once all are issued)
@@ -330,7 +427,8 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
                     st_idx(sb[2] + T.Cast("uint32", (it * p.threads + tid) * 4), held[it])
         if tid == 0:
             for s in T.unroll(D):
-                T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32(s * 8), 32)  # the producer's 32 lanes
+                # the producer's 32 lanes (cp.async), or its lane 0 arming the byte count (tma)
+                T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32(s * 8), 1 if tma else 32)
                 T.ptx.mbarrier.init.shared__cta.b64(sb[1] + T.uint32((D + s) * 8), W)  # a lane of each consumer
         T.tvm_storage_sync("shared")
         rng[0] = rng[4] + T.Cast("int32", T.Cast("int64", rng[5] - rng[4]) * rank // S)
@@ -338,7 +436,10 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         rng[2] = (rng[1] + G - 1) // G
         if ty == W * TM:
             for j in range(rng[2]):
-                produce(sb, win, indices, values, B, K, rng[0], rng[1], rng[3], j, tx, cached)
+                if tma:
+                    produce_tma(sb, win, cols, indices, rng[0], rng[1], rng[3], j, tx, cached, map_a, map_b)
+                else:
+                    produce(sb, win, indices, values, B, K, rng[0], rng[1], rng[3], j, tx, cached)
         else:
             team = T.meta_var(ty // W)  # stage j goes to team j % teams
             mi = T.meta_var(ty % W % MT)

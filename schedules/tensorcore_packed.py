@@ -562,14 +562,14 @@ def _ring_prune(program, knobs) -> Optional[str]:
 # teams stay at 1 there: 2 and 4 teams never beat 1 by more than noise on 27 cases (H200, MiniLM
 # FFN-in / attention-Q and the random 70 % weights, results/bsr_small_feat_teams_H200.json)
 _RING_SMALL = {"warps": (2, 4), "stages": (4, 8), "cluster": (1, 2, 4), "per_stage": (1, 2, 4), "col_split": (1, 2),
-               "teams": (1,)}
+               "teams": (1,), "tma": (1, 0)}
 
 
 @transformation(knobs={k: Knob(tuple(v), small=_RING_SMALL.get(k)) for k, v in bsr_ring.KNOBS.items()},
                 resolve=_ring_resolve,
                 prune=_ring_prune)
 def bsr_ring_spmm(built, program, *, warps: int, stages: int, cluster: int, per_stage: int, col_split: int,
-                  teams: int):
+                  teams: int, tma: int):
     """Build ``schedules.bsr_ring``'s kernel for ``program`` into ``built.mod``: the format's
     block shape, the program's columns of B (a multiple of 8), any matrix size (C written
     whole, in one launch)."""
@@ -577,7 +577,7 @@ def bsr_ring_spmm(built, program, *, warps: int, stages: int, cluster: int, per_
 
     m = match(program, "cuda")
     func = bsr_ring.spmm(m.tile, m.feat, warps=warps, stages=stages, cluster=cluster, per_stage=per_stage,
-                         col_split=col_split, teams=teams, name=program.name)
+                         col_split=col_split, teams=teams, tma=tma, name=program.name)
     built.mod = IRModule({program.name: func})
 
 

@@ -14,23 +14,31 @@ from sparsec.schedules.warp_mma import cuda_source
     ((16, 16), 16, {}), ((32, 32), 64, {"cluster": 4, "per_stage": 2, "col_split": 2}),
     ((64, 32), 24, {"cluster": 1, "warps": 4, "stages": 8}), ((16, 64), 40, {"warps": 1, "cluster": 2}),
     ((16, 16), 64, {"cluster": 1, "teams": 4, "stages": 8, "per_stage": 4}),
-    ((32, 32), 32, {"cluster": 1, "teams": 2, "col_split": 2})])
+    ((32, 32), 32, {"cluster": 1, "teams": 2, "col_split": 2}),
+    ((16, 16), 16, {"tma": 0}), ((32, 32), 64, {"cluster": 4, "per_stage": 2, "col_split": 2, "tma": 0}),
+    ((64, 64), 64, {"cluster": 2, "per_stage": 4, "tma": 1}), ((32, 16), 8, {"cluster": 1, "tma": 1})])
 def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
-    """16-byte cp.async for a block and B's rows (zero-filled past K), their landing signalled
-    on the stage's mbarrier (cp.async.mbarrier.arrive.noinc); consumers wait on it (try_wait
-    .parity), ldmatrix + mma.m16n8k16 in float32, release the stage with mbarrier.arrive; a
-    cluster's partial tiles summed through distributed shared memory (mapa between cluster
-    barriers) or stored directly; no CTA barrier inside either role's walk; teams of consumers
-    that take every teams-th stage add their partial tiles in shared memory after one CTA
-    barrier; one launch."""
+    """tma=1: one tensor copy a stage for its blocks and one a block for B's rows, on the
+    stage's mbarrier armed with their byte count (arrive.expect_tx), from tensor maps encoded
+    on the host and passed as grid constants; tma=0: 16-byte cp.async for a block and B's rows
+    (zero-filled past K), their landing signalled on the stage's mbarrier
+    (cp.async.mbarrier.arrive.noinc). Consumers wait on it (try_wait.parity), ldmatrix +
+    mma.m16n8k16 in float32, release the stage with mbarrier.arrive; a cluster's partial tiles
+    summed through distributed shared memory (mapa between cluster barriers) or stored
+    directly; no CTA barrier inside either role's walk; teams of consumers that take every
+    teams-th stage add their partial tiles in shared memory after one CTA barrier; one launch."""
     kn = {**br.default_knobs(block, feat, 300, 1111, 0.3), **knobs}
     src = cuda_source(br.build(block, feat, **kn))
     ptx = nvcc_ptx(src, "sm_90a")
-    for needle in ("cp.async.cg.shared.global", "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
-                   "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta.b64", "mbarrier.init.shared::cta.b64",
-                   "ldmatrix.sync.aligned.m8n8", ".trans.shared.b16",
-                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "shfl.sync.idx.b32"):
+    copies = (("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+               "mbarrier.arrive.expect_tx.shared::cta.b64") if kn["tma"] else
+              ("cp.async.cg.shared.global", "cp.async.mbarrier.arrive.noinc.shared::cta.b64"))
+    for needle in copies + ("mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta.b64",
+                            "mbarrier.init.shared::cta.b64", "ldmatrix.sync.aligned.m8n8", ".trans.shared.b16",
+                            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "shfl.sync.idx.b32"):
         assert needle in ptx, needle
+    assert ("cp.async.cg.shared.global" in ptx) != bool(kn["tma"])
+    assert ("__grid_constant__ CUtensorMap" in src) == bool(kn["tma"])
     clustered = kn["cluster"] > 1
     assert ("mapa" in ptx) == clustered and ("barrier.cluster.arrive" in ptx) == clustered
     producer = src[src.index("for (int j = 0"):]
@@ -61,6 +69,10 @@ def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
     ({"teams": 4, "stages": 2}, "stages=2 should be a multiple of teams=4"),
     ({"block": (64, 16), "warps": 8, "teams": 4, "stages": 4}, "pass a CTA's 32 warps"),
     ({"teams": 3}, "teams should be one of"),
+    ({"feat": 24, "warps": 1, "tma": 1}, "tma=1 copies rows of a block \\(16 columns\\) and of B \\(24 columns a CTA\\)"),
+    ({"block": (16, 128), "tma": 1}, "tma=1 copies rows of a block \\(128 columns\\)"),
+    ({"block": (64, 64), "warps": 4, "per_stage": 8, "tma": 1}, "per_stage should be one of"),
+    ({"tma": 2}, "tma should be one of"),
 ])
 def test_refuses_what_it_cannot_take_by_name(kw, match):
     args = {"block": (16, 16), "feat": 16, "warps": 2, "stages": 4, "cluster": 1, "per_stage": 1, "col_split": 1,
@@ -84,12 +96,18 @@ def test_defaults_fit_and_follow_the_matrix():
                 for density in (0.01, 0.1, 0.3, 1.0):
                     br.plan(block, feat, **br.default_knobs(block, feat, *shape, density))
     assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3)["cluster"] == 4  # 32 rows of 38 blocks
-    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3)["cluster"] == 1  # 128 block rows fill the GPU
+    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3)["cluster"] == 2  # 128 block rows: 4 a row passes 400
     assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3)["col_split"] == 2
     assert br.default_knobs((16, 16), 64, 4096, 4096, 0.3)["col_split"] == 1
     assert br.default_knobs((16, 16), 16, 4096, 4096, 0.3)["per_stage"] == 4
     assert br.default_knobs((16, 16), 16, 384, 384, 0.05)["per_stage"] == 1  # 1.2 blocks a row
     assert br.default_knobs((32, 32), 64, 0, 0, 0.3, fixed={"cluster": 8})["cluster"] == 8
+    # tensor copies wherever the copy engine's swizzles take a block's rows and B's
+    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3)["tma"] == 1
+    assert br.default_knobs((16, 16), 8, 384, 384, 0.3)["tma"] == 1
+    assert br.default_knobs((32, 32), 24, 4096, 4096, 0.3)["tma"] == 0  # 48-byte rows of B
+    assert br.default_knobs((64, 128), 64, 4096, 4096, 0.3)["tma"] == 0  # 256-byte rows of a block
+    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3, fixed={"tma": 0})["tma"] == 0
 
 
 def test_uneven_rows_split_eight_ways():
@@ -102,7 +120,8 @@ def test_uneven_rows_split_eight_ways():
     assert br.default_knobs((32, 32), 64, 384, 1536, 0.3, skew=1.5)["cluster"] == 4
     assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3, skew=3.0)["cluster"] == 4  # 32 x 2 x 8 > 400 CTAs
     assert br.default_knobs((32, 32), 64, 384, 1536, 0.3, skew=3.0, fixed={"cluster": 2})["cluster"] == 2
-    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3, skew=3.0)["cluster"] == 1
+    assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3, skew=3.0)["cluster"] == 2
+    assert br.default_knobs((16, 16), 16, 4096, 4096, 0.05)["cluster"] == 1  # short walks stay whole
 
     import sparsec
     from sparsec import formats
