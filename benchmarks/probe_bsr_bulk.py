@@ -59,6 +59,64 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 }
 """
 
+MBAR_HELPERS = r"""
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+"""
+
+# the consumers' partial tiles to C: stored directly, or (a cluster of S) summed through distributed
+# shared memory, each CTA adding an S-th of the elements (probe_bsr_tma.py shares it)
+WRITE_BACK = r"""
+    const int gq = lane / 4, t4 = lane % 4;
+    if (S == 1) {
+#pragma unroll
+      for (int t = 0; t < NTW; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = br * BR + mi * 16 + gq + h * 8;
+          if (row < M)
+            *reinterpret_cast<float2*>(C + (size_t)row * F + f0 + n0 + t * 8 + t4 * 2) =
+                make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
+        }
+    } else {
+      float* red = reinterpret_cast<float*>(smem);
+      asm volatile("bar.sync 1, %0;" :: "n"(CW * 32));
+#pragma unroll
+      for (int t = 0; t < NTW; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(red + (mi * 16 + gq + h * 8) * FC + n0 + t * 8 + t4 * 2) =
+              make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
+    }
+  }
+  if (S > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    float* red = reinterpret_cast<float*>(smem);
+    constexpr int ELEMS = BR * FC;
+    constexpr int SHARE = (ELEMS + S - 1) / S;
+    for (int e = threadIdx.x; e < SHARE; e += THREADS) {
+      const int idx = rank * SHARE + e;
+      if (idx < ELEMS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int q = 0; q < S; ++q) sum += cluster.map_shared_rank(red, q)[idx];
+        const int row = br * BR + idx / FC;
+        if (row < M) C[(size_t)row * F + f0 + idx % FC] = sum;
+      }
+    }
+    cluster.sync();
+  }
+}
+"""
+
 SOURCE = r"""
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -83,15 +141,7 @@ constexpr int STAGE_HALVES = G * BLOCK_HALVES;
 constexpr int THREADS = (CW + 1) * 32;
 
 """ + MMA_HELPERS + r"""
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
+""" + MBAR_HELPERS + r"""
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n .reg .pred p;\n"
@@ -193,48 +243,7 @@ bsr_bulk(const int* __restrict__ indptr, const int* __restrict__ indices, const 
       __syncwarp();
       if (lane == 0) mbar_arrive(empty0 + 8 * s);
     }
-    const int gq = lane / 4, t4 = lane % 4;
-    if (S == 1) {
-#pragma unroll
-      for (int t = 0; t < NTW; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = br * BR + mi * 16 + gq + h * 8;
-          if (row < M)
-            *reinterpret_cast<float2*>(C + (size_t)row * F + f0 + n0 + t * 8 + t4 * 2) =
-                make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
-        }
-    } else {
-      float* red = reinterpret_cast<float*>(smem);
-      asm volatile("bar.sync 1, %0;" :: "n"(CW * 32));
-#pragma unroll
-      for (int t = 0; t < NTW; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float2*>(red + (mi * 16 + gq + h * 8) * FC + n0 + t * 8 + t4 * 2) =
-              make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
-    }
-  }
-  if (S > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    float* red = reinterpret_cast<float*>(smem);
-    constexpr int ELEMS = BR * FC;
-    constexpr int SHARE = (ELEMS + S - 1) / S;
-    for (int e = threadIdx.x; e < SHARE; e += THREADS) {
-      const int idx = rank * SHARE + e;
-      if (idx < ELEMS) {
-        float sum = 0.f;
-#pragma unroll
-        for (int q = 0; q < S; ++q) sum += cluster.map_shared_rank(red, q)[idx];
-        const int row = br * BR + idx / FC;
-        if (row < M) C[(size_t)row * F + f0 + idx % FC] = sum;
-      }
-    }
-    cluster.sync();
-  }
-}
-"""
+""" + WRITE_BACK
 
 
 def random_bsr(rows, cols, block, sparsity, rng):

@@ -43,7 +43,7 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402
 
-from probe_bsr_bulk import MMA_HELPERS, random_bsr  # noqa: E402
+from probe_bsr_bulk import MBAR_HELPERS, MMA_HELPERS, WRITE_BACK, random_bsr  # noqa: E402
 from probe_bsr_bulk import SOURCE as BULK_SOURCE  # noqa: E402
 
 SOURCE = r"""
@@ -68,15 +68,7 @@ constexpr int THREADS = (CW + 1) * 32;
 
 """ + MMA_HELPERS + r"""
 __device__ __forceinline__ unsigned swz(unsigned off, unsigned mask) { return off ^ ((off >> 3) & mask); }
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
+""" + MBAR_HELPERS + r"""
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   // a probe's watchdog: a barrier that never completes (a wrong byte count) traps after ~2 s
   // instead of hanging the device call
@@ -180,48 +172,7 @@ bsr_tma(const int* __restrict__ indptr, const int* __restrict__ indices, unsigne
       __syncwarp();
       if (lane == 0) mbar_arrive(empty0 + 8 * s);
     }
-    const int gq = lane / 4, t4 = lane % 4;
-    if (S == 1) {
-#pragma unroll
-      for (int t = 0; t < NTW; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = br * BR + mi * 16 + gq + h * 8;
-          if (row < M)
-            *reinterpret_cast<float2*>(C + (size_t)row * F + f0 + n0 + t * 8 + t4 * 2) =
-                make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
-        }
-    } else {
-      float* red = reinterpret_cast<float*>(smem);
-      asm volatile("bar.sync 1, %0;" :: "n"(CW * 32));  // every consumer is done with the ring
-#pragma unroll
-      for (int t = 0; t < NTW; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float2*>(red + (mi * 16 + gq + h * 8) * FC + n0 + t * 8 + t4 * 2) =
-              make_float2(acc[t][h * 2], acc[t][h * 2 + 1]);
-    }
-  }
-  if (S > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    float* red = reinterpret_cast<float*>(smem);
-    constexpr int ELEMS = BR * FC;
-    constexpr int SHARE = (ELEMS + S - 1) / S;
-    for (int e = threadIdx.x; e < SHARE; e += THREADS) {
-      const int idx = rank * SHARE + e;
-      if (idx < ELEMS) {
-        float sum = 0.f;
-#pragma unroll
-        for (int q = 0; q < S; ++q) sum += cluster.map_shared_rank(red, q)[idx];
-        const int row = br * BR + idx / FC;
-        if (row < M) C[(size_t)row * F + f0 + idx % FC] = sum;
-      }
-    }
-    cluster.sync();
-  }
-}
-"""
+""" + WRITE_BACK
 
 SWIZZLE = {16: (0, 0x00), 32: (1, 0x10), 64: (2, 0x30), 128: (3, 0x70)}  # row bytes: (driver enum, mask)
 MAX_SMEM = 227 * 1024
