@@ -26,13 +26,16 @@ import scipy.sparse as sp
 
 import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchmarks/data on sys.path)
 
-# (file stem, operator, format spec, dtype, feat, archs)
+# (file stem, operator, format spec, dtype, feat, archs, knobs)
 MODULES = [
-    ("spmm_csr_f32", "spmm", "csr", "float32", 64, ["sm_80", "sm_90a"]),
-    ("sddmm_csr_f32", "sddmm", "csr", "float32", 32, ["sm_80", "sm_90a"]),
-    ("spmm_ell8_f32", "spmm", "ell:8", "float32", 32, ["sm_90a"]),
-    ("spmm_bsr16_f16", "spmm", "bsr:16x16", "float16", 128, ["sm_90a"]),
-    ("spmm_csr_f32_sm80_only", "spmm", "csr", "float32", 64, ["sm_80"]),
+    ("spmm_csr_f32", "spmm", "csr", "float32", 64, ["sm_80", "sm_90a"], None),
+    ("sddmm_csr_f32", "sddmm", "csr", "float32", 32, ["sm_80", "sm_90a"], None),
+    ("spmm_ell8_f32", "spmm", "ell:8", "float32", 32, ["sm_90a"], None),
+    ("spmm_bsr16_f16", "spmm", "bsr:16x16", "float16", 128, ["sm_90a"], None),
+    # bsr_ring with TMA tensor copies: its host code encodes the tensor maps through the
+    # runtime's runtime.cuTensorMapEncodeTiled at every call
+    ("spmm_bsr32_ring_tma_f16", "spmm", "bsr:32x32", "float16", 64, ["sm_90a"], {"tma": 1}),
+    ("spmm_csr_f32_sm80_only", "spmm", "csr", "float32", 64, ["sm_80"], None),
 ]
 
 
@@ -40,8 +43,8 @@ def export_all(out: Path) -> None:
     import sparsec
 
     out.mkdir(parents=True, exist_ok=True)
-    for stem, op, fmt, dtype, feat, archs in MODULES:
-        k = sparsec.compile(op, fmt, target="cuda:sm_90a", dtype=dtype, feat=feat)
+    for stem, op, fmt, dtype, feat, archs, knobs in MODULES:
+        k = sparsec.compile(op, fmt, target="cuda:sm_90a", dtype=dtype, feat=feat, knobs=knobs)
         meta = k.export(str(out / f"{stem}.so"), archs=archs)
         print(f"{stem}: {op} {fmt} {dtype} feat={feat} archs={meta['archs']} {meta['library_bytes']} bytes")
 
