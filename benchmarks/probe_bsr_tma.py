@@ -396,7 +396,7 @@ def main(argv=None) -> int:
             t, b = row["best_bsr_tma"], row["best_bsr_bulk"]
             print(f"{name:<26} N={feat:2d} dense {dense_ms * 1e3 if timed else float('nan'):6.2f} us  tma "
                   f"{t['ms'] * 1e3 if t else float('nan'):6.2f} us x{t['ratio'] if t else 0:.2f}  cp.async "
-                  f"x{b['ratio'] if b else 0:.2f}  wrong {wrong}/{len(row['variants'])}", flush=True)
+                  f"{'x%.2f' % b['ratio'] if b else '-'}  wrong {wrong}/{len(row['variants'])}", flush=True)
     wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
     with open(args.out, "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)

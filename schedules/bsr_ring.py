@@ -176,8 +176,8 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     moved = per_row * (r * c + c * nb) / 1024  # thousands of halves a block row moves
     # where 4 a row would pass 400 CTAs (many block rows), long walks still split in two: on the
     # H200 a cluster of 2 beat 1 on all 18 cases timed (random 4096 x 4096, 1024 x 4096 and BERT's
-    # 768 x 3072 at 70 %, blocks 16-64, 16 and 64 columns; 4096 x 4096 at 64 columns: 1.13-1.16x
-    # dense against 0.79-1.09x, results/bsr_small_feat_ring_clusters_H200.json)
+    # 768 x 3072 at 70 %, blocks 16-64, 16 and 64 columns; 4096 x 4096 at 64 columns: 1.12-1.16x
+    # dense against 0.73-1.09x, results/bsr_small_feat_ring_clusters_H200.json)
     cluster = fixed.get("cluster", (4 if nbr * col_split * 4 <= 400 else 2) if moved >= 12 else 1)
     if cluster == 4 and "cluster" not in fixed and skew >= SKEWED and nbr * col_split * 8 <= 400:
         cluster = 8
@@ -306,6 +306,23 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         laid them out: 16-byte chunk bits 4-6 XORed with bits 7-9 under ``mask``."""
         return base + T.Cast("uint32", offset ^ ((offset >> 3) & mask))
 
+    def a_row(sb, s, g, mi, kk, tx):
+        """Lane tx's ldmatrix row of stage s's block g: 16-row tile mi, k-step kk (padded rows
+        from cp.async, or the copy engine's swizzled ones)."""
+        row, k0 = mi * 16 + tx % 16, kk * 16 + tx // 16 * 8
+        if p.tma:
+            return swizzled(sb[0] + T.uint32(s * p.stage_bytes), (g * R + row) * (Cb * 2) + k0 * 2, p.a_mask)
+        return at(sb[0], s * p.stage_halves + g * p.block_halves + row * AP + k0)
+
+    def b_row(sb, s, g, kk, col, tx):
+        """Lane tx's ldmatrix (transposed) row of B's rows for stage s's block g: k-step kk, the
+        8 columns from ``col`` (a multiple of 8)."""
+        row = kk * 16 + tx % 16
+        if p.tma:
+            return swizzled(sb[0] + T.uint32(s * p.stage_bytes + p.a_region + g * p.b_region),
+                            row * (nb * 2) + col * 2, p.b_mask)
+        return at(sb[0], s * p.stage_halves + g * p.block_halves + p.a_halves + row * BP + col)
+
     @T.macro
     def consume(sb, af, bf, acc, cnt, j, mi, n0, tx):
         """Wait for stage ``j``, multiply its blocks into the accumulators, release it."""
@@ -313,36 +330,16 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
         T.cuda.mbarrier_wait(sb[1] + T.Cast("uint32", s * 8), (j // D) % 2)
         for g in T.unroll(G):
             if j * G + g < cnt:
-                a_base = T.meta_var(s * p.stage_halves + g * p.block_halves)
-                b_base = T.meta_var(a_base + p.a_halves)
                 for kk in T.unroll(p.ks):
-                    if p.tma:
-                        ldm(af[0], af[1], af[2], af[3],
-                            swizzled(sb[0] + T.uint32(s * p.stage_bytes),
-                                     (g * R + mi * 16 + tx % 16) * (Cb * 2) + (kk * 2 + tx // 16) * 16, p.a_mask))
-                    else:
-                        ldm(af[0], af[1], af[2], af[3],
-                            at(sb[0], a_base + (mi * 16 + tx % 16) * AP + kk * 16 + tx // 16 * 8))
+                    ldm(af[0], af[1], af[2], af[3], a_row(sb, s, g, mi, kk, tx))
                     for t in T.unroll(ntw // 2):
-                        if p.tma:
-                            ldm_t(bf[0], bf[1], bf[2], bf[3],
-                                  swizzled(sb[0] + T.uint32(s * p.stage_bytes + p.a_region + g * p.b_region),
-                                           (kk * 16 + tx % 16) * (nb * 2) + ((n0 + t * 16) // 8 + tx // 16) * 16,
-                                           p.b_mask))
-                        else:
-                            ldm_t(bf[0], bf[1], bf[2], bf[3],
-                                  at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + t * 16 + tx // 16 * 8))
+                        ldm_t(bf[0], bf[1], bf[2], bf[3], b_row(sb, s, g, kk, n0 + t * 16 + tx // 16 * 8, tx))
                         for h in T.unroll(2):
                             a = T.meta_var((t * 2 + h) * 4)
                             mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3],
                                 bf[h * 2], bf[h * 2 + 1], acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
                     if ntw % 2 == 1:
-                        if p.tma:
-                            ldm_t2(bf[0], bf[1],
-                                   swizzled(sb[0] + T.uint32(s * p.stage_bytes + p.a_region + g * p.b_region),
-                                            (kk * 16 + tx % 16) * (nb * 2) + (n0 + (ntw - 1) * 8) // 8 * 16, p.b_mask))
-                        else:
-                            ldm_t2(bf[0], bf[1], at(sb[0], b_base + (kk * 16 + tx % 16) * BP + n0 + (ntw - 1) * 8))
+                        ldm_t2(bf[0], bf[1], b_row(sb, s, g, kk, n0 + (ntw - 1) * 8, tx))
                         a = T.meta_var((ntw - 1) * 4)
                         mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3], bf[0], bf[1],
                             acc[a], acc[a + 1], acc[a + 2], acc[a + 3])

@@ -344,6 +344,9 @@ def test_trusted_records_read_as_checked_ones_and_refuse_what_a_pick_needs():
             rec.Record.trusted({k: v for k, v in d.items() if k != field})
     with pytest.raises(ValueError, match="time_ms"):
         rec.Record.trusted({**d, "status": "ok", "time_ms": None})
+    for bad in (float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="time_ms"):
+            rec.Record.trusted({**d, "status": "ok", "time_ms": bad})
     with pytest.raises(ValueError, match="'status'"):
         rec.Record.trusted({**d, "status": "fast"})
     with pytest.raises(ValueError, match="JSON object"):

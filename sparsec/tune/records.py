@@ -194,7 +194,8 @@ class Record:
         if d["status"] not in STATUSES:
             raise ValueError(f"record field 'status' should be one of {', '.join(STATUSES)}; got {d['status']!r}")
         time_ms = d.get("time_ms")
-        if d["status"] == "ok" and (isinstance(time_ms, bool) or not isinstance(time_ms, (int, float))):
+        if d["status"] == "ok" and (isinstance(time_ms, bool) or not isinstance(time_ms, (int, float))
+                                    or not math.isfinite(time_ms)):
             raise ValueError("record field 'time_ms' is required (a finite number) when status is 'ok'")
         rec = object.__new__(cls)
         rec.__dict__.update(_TRUSTED_DEFAULTS)
