@@ -71,6 +71,22 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 }
 """
 
+# the ring's barriers initialised (FULL_ARRIVALS arrivals fill a stage: the producer's 32 lanes
+# for cp.async, its one lane arming the byte count for tensor copies) and the CTA's share of
+# its block row's stored blocks (probe_bsr_tma.py shares it)
+RING_PROLOGUE = r"""
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < D; ++s) { mbar_init(full0 + 8 * s, FULL_ARRIVALS); mbar_init(empty0 + 8 * s, CW); }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int lo = indptr[br], hi = indptr[br + 1];
+  const int n = hi - lo;
+  const int q0 = lo + (int)((long long)n * rank / S), q1 = lo + (int)((long long)n * (rank + 1) / S);
+  const int cnt = q1 - q0;
+  const int nst = (cnt + G - 1) / G;  // stages to fill
+"""
+
 # the consumers' partial tiles to C: stored directly, or (a cluster of S) summed through distributed
 # shared memory, each CTA adding an S-th of the elements (probe_bsr_tma.py shares it)
 WRITE_BACK = r"""
@@ -139,6 +155,7 @@ constexpr int B_HALVES = BC * BP;
 constexpr int BLOCK_HALVES = A_HALVES + B_HALVES;
 constexpr int STAGE_HALVES = G * BLOCK_HALVES;
 constexpr int THREADS = (CW + 1) * 32;
+constexpr int FULL_ARRIVALS = 32;  // the producer's lanes, each arriving when its copies land
 
 """ + MMA_HELPERS + r"""
 """ + MBAR_HELPERS + r"""
@@ -168,17 +185,7 @@ bsr_bulk(const int* __restrict__ indptr, const int* __restrict__ indices, const 
   const int rank = blockIdx.x % S, ns = (blockIdx.x / S) % NS, br = blockIdx.x / S / NS;
   const int f0 = ns * FC;
   const unsigned full0 = smem_addr(bars), empty0 = smem_addr(bars + D);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < D; ++s) { mbar_init(full0 + 8 * s, 32); mbar_init(empty0 + 8 * s, CW); }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int lo = indptr[br], hi = indptr[br + 1];
-  const int n = hi - lo;
-  const int q0 = lo + (int)((long long)n * rank / S), q1 = lo + (int)((long long)n * (rank + 1) / S);
-  const int cnt = q1 - q0;
-  const int nst = (cnt + G - 1) / G;  // stages to fill
-  if (warp == CW) {  // producer
+""" + RING_PROLOGUE + r"""  if (warp == CW) {  // producer
     int window = 0;
     for (int j = 0; j < nst; ++j) {
       const int s = j % D;

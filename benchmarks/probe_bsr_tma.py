@@ -43,7 +43,7 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402
 
-from probe_bsr_bulk import MBAR_HELPERS, MMA_HELPERS, WRITE_BACK, random_bsr  # noqa: E402
+from probe_bsr_bulk import MBAR_HELPERS, MMA_HELPERS, RING_PROLOGUE, WRITE_BACK, random_bsr  # noqa: E402
 from probe_bsr_bulk import SOURCE as BULK_SOURCE  # noqa: E402
 
 SOURCE = r"""
@@ -65,6 +65,7 @@ constexpr int B_BYTES = BC * FC * 2;                   // B's rows for one block
 constexpr int B_REGION = (B_BYTES + 1023) / 1024 * 1024;
 constexpr int STAGE_BYTES = A_REGION + G * B_REGION;
 constexpr int THREADS = (CW + 1) * 32;
+constexpr int FULL_ARRIVALS = 1;  // lane 0 of the producer, arming the stage's byte count
 
 """ + MMA_HELPERS + r"""
 __device__ __forceinline__ unsigned swz(unsigned off, unsigned mask) { return off ^ ((off >> 3) & mask); }
@@ -103,17 +104,7 @@ bsr_tma(const int* __restrict__ indptr, const int* __restrict__ indices, unsigne
   const int rank = blockIdx.x % S, ns = (blockIdx.x / S) % NS, br = blockIdx.x / S / NS;
   const int f0 = ns * FC;
   const unsigned full0 = bars, empty0 = bars + 8 * D;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < D; ++s) { mbar_init(full0 + 8 * s, 1); mbar_init(empty0 + 8 * s, CW); }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int lo = indptr[br], hi = indptr[br + 1];
-  const int n = hi - lo;
-  const int q0 = lo + (int)((long long)n * rank / S), q1 = lo + (int)((long long)n * (rank + 1) / S);
-  const int cnt = q1 - q0;
-  const int nst = (cnt + G - 1) / G;
-  if (warp == CW) {  // producer: lane 0 issues, the warp holds a window of 32 block columns
+""" + RING_PROLOGUE + r"""  if (warp == CW) {  // producer: lane 0 issues, the warp holds a window of 32 block columns
     int window = 0;
     for (int j = 0; j < nst; ++j) {
       const int s = j % D;
