@@ -13,8 +13,13 @@ weights, where dense cuBLAS takes ~3 us and every kernel sparsec builds lost at 
 * ``bsr_split``: ``bsr_gather`` with a long row's columns of B split across ``split`` CTAs
   (rows of ``heavy`` or more stored blocks; shorter rows stay whole in one CTA): a real
   pruned weight's dense rows then spread over several SMs while light rows read A once.
+* ``bsr_ksplit`` (``--ksplit``, ``--only-ksplit``): a row of more than T stored blocks cut
+  into chunks of T over CTAs, the partial tiles through an fp32 workspace, added by the CTA
+  that counts last on the row's counter (no CTA waits on another). Measured: 1.5-2 us slower
+  than ``bsr_gather`` on MiniLM's layers at 64 columns (``results/probe_bsr_ksplit_H200``).
 
-    SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_lean.py [--lean] [--out FILE]
+    SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_lean.py [--lean] [--ksplit | --only-ksplit]
+                                                               [--feats 16 64] [--out FILE]
 
 CUDA C++ compiled by CuPy (no TVM needed), on MiniLM's FFN-in and attention-Q weights
 (block-pruned as ``sparsec.bench.suites.blocks`` prunes them) and random 384 x 384 weights;
@@ -160,6 +165,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
   sum_partials<F, WB>(red, C, M, br, 0);
 }
 
+// the sum of PARTS partial BR x FW tiles at red into the BR x FW fp32 tile ``part`` (a workspace slot)
+template <int FW, int PARTS>
+__device__ __forceinline__ void sum_partials_to(const float* red, float* __restrict__ part) {
+  for (int e = threadIdx.x * 4; e < BR * FW; e += THREADS * 4) {
+    float4 s = *reinterpret_cast<const float4*>(red + e);
+#pragma unroll
+    for (int q = 1; q < PARTS; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(red + q * BR * FW + e);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    __stcg(reinterpret_cast<float4*>(part + e), s);
+  }
+}
+
 // A CTA owns a block row and its warps split the row's stored blocks (warp w: blocks w, w + W,
 // ...): trips indptr -> (blocks, columns) -> B's rows, every block of a round in flight at once;
 // a warp takes all MT row tiles of its blocks (A read once, B's rows once per block), the warps'
@@ -171,7 +190,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_lean(
 template <int FW>
 __device__ __forceinline__ void row_part(const half* __restrict__ values, const int* __restrict__ indices,
                                          const half* __restrict__ B, float* __restrict__ C, int M, int K,
-                                         int br, int q0, int cnt, int f0, unsigned char* smem) {
+                                         int br, int q0, int cnt, int f0, unsigned char* smem,
+                                         float* __restrict__ part = nullptr) {
   constexpr int NTW = FW / 8, PW = FW + 8, SLOTW = BR * AP + BC * PW;
   half* slots = reinterpret_cast<half*>(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -250,7 +270,8 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
         *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * FW + t * 8 + t4 * 2) =
             make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
   __syncthreads();
-  sum_partials<FW, W>(red, C, M, br, f0);
+  if (part == nullptr) sum_partials<FW, W>(red, C, M, br, f0);
+  else sum_partials_to<FW, W>(red, part);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(
@@ -271,6 +292,47 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_split(
   if (cnt >= heavy) row_part<F / SPLIT>(values, indices, B, C, M, K, br, q0, cnt, s * (F / SPLIT), smem);
   else if (s == 0) row_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
 }
+
+// bsr_ksplit: a row of more than T stored blocks is cut into chunks of T blocks, CTA (row, s)
+// taking chunk s (CTAs past the row's chunks exit); a row of at most T blocks is one CTA's,
+// stored directly. A chunk's partial tile goes to ws[row * S + s] (fp32, through L2); the
+// CTA that counts last on the row's counter adds all chunks and stores C, then re-arms the
+// counter (0) for the next call. No CTA waits on another: no deadlock whatever the launch order.
+extern "C" __global__ void __launch_bounds__(THREADS) bsr_ksplit(
+    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
+    const half* __restrict__ B, float* __restrict__ C, int M, int K, int T, int S,
+    float* __restrict__ ws, int* __restrict__ counters) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int last;
+  const int br = blockIdx.x, s = blockIdx.y;
+  const int q0 = indptr[br];
+  const int cnt = indptr[br + 1] - q0;
+  const int chunks = max(1, (cnt + T - 1) / T);
+  if (s >= chunks) return;
+  if (chunks == 1) {
+    row_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
+    return;
+  }
+  float* mine = ws + (size_t)(br * S + s) * BR * F;
+  row_part<F>(values, indices, B, C, M, K, br, q0 + s * T, min(T, cnt - s * T), 0, smem, mine);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + br, 1) == chunks - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* base = ws + (size_t)br * S * BR * F;
+  for (int e = threadIdx.x * 4; e < BR * F; e += THREADS * 4) {
+    float4 a = __ldcg(reinterpret_cast<const float4*>(base + e));
+    for (int q = 1; q < chunks; ++q) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(base + (size_t)q * BR * F + e));
+      a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+    }
+    const int row = br * BR + e / F;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + e % F) = a;
+  }
+  if (threadIdx.x == 0) counters[br] = 0;
+}
 """
 
 
@@ -280,6 +342,8 @@ def gather_smem_bytes(br, bc, f, w, g):
 
 
 LEAN = False  # time bsr_lean too (--lean)
+KSPLIT = False  # time bsr_ksplit too (--ksplit)
+ONLY_KSPLIT = False
 
 
 def smem_bytes(br, bc, f, w, g, kp):
@@ -305,9 +369,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_bsr_lean.json"))
     ap.add_argument("--lean", action="store_true", help="also B resident (bsr_lean; r1 and r2 timed it)")
+    ap.add_argument("--feats", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--ksplit", action="store_true", help="also long rows split over K (bsr_ksplit)")
+    ap.add_argument("--only-ksplit", action="store_true", help="bsr_gather and bsr_ksplit only (no bsr_split)")
     args = ap.parse_args(argv)
-    global LEAN
+    global LEAN, KSPLIT, ONLY_KSPLIT
+    ONLY_KSPLIT = args.only_ksplit
     LEAN = args.lean
+    KSPLIT = args.ksplit or args.only_ksplit
     import cupy as cp
     import scipy.sparse as sp
     import torch
@@ -342,12 +411,17 @@ def main(argv=None) -> int:
                 for g in (2, 4):
                     out.append(("bsr_gather", dict(br=block, bc=block, f=feat, w=w, g=g, kp=block),
                                 gather_smem_bytes(block, block, feat, w, g)))
-        if mt * feat // 8 <= 16 and feat >= 32:
+        if mt * feat // 8 <= 16 and feat >= 32 and not ONLY_KSPLIT:
             for w in (4, 8):
                 for g in (2, 4):
                     for split in (2, 4):
                         out.append(("bsr_split", dict(br=block, bc=block, f=feat, w=w, g=g, kp=block, split=split),
                                     gather_smem_bytes(block, block, feat, w, g)))
+        if mt * feat // 8 <= 16 and KSPLIT:
+            for w in (4, 8):
+                for g in (1, 2):
+                    out.append(("bsr_ksplit", dict(br=block, bc=block, f=feat, w=w, g=g, kp=block),
+                                gather_smem_bytes(block, block, feat, w, g)))
         return [v for v in out if v[2] <= 227 * 1024]
 
     rows_out = []
@@ -360,7 +434,7 @@ def main(argv=None) -> int:
         vals = cp.asarray(bsr.data.astype(np.float16).reshape(-1))
         kp = -(-K // block) * block
         w_dense = torch.from_numpy(dense16).to(dev)
-        for feat in (16, 64):
+        for feat in args.feats:
             bs = [torch.randn(K, feat, device=dev, dtype=torch.float16) for _ in range(8)]
             ref = [(torch.from_numpy(dense16.astype(np.float64)).to(dev) @ b.double()) for b in bs]
             dense_t = timer.measure([lambda b=b: torch.matmul(w_dense, b) for b in bs]).median_ms
@@ -372,9 +446,19 @@ def main(argv=None) -> int:
                 kern = kernel(kname, **p)
                 kern.max_dynamic_shared_size_bytes = sm
                 nbr = bsr.indptr.size - 1
+                mean = max(1, -(-int(lengths.sum()) // nbr))
+                chunk_sizes = sorted({mean, 2 * mean, max(1, int(lengths.max()) // 4), max(1, int(lengths.max()) // 2)})
                 for heavy in (heavies if kname == "bsr_split" else [None]):
-                    grid = (nbr, p["split"]) if heavy else (nbr,)
-                    extra = (np.int32(heavy),) if heavy else ()
+                  for T in (chunk_sizes if kname == "bsr_ksplit" else [None]):
+                    if T:
+                        S = -(-int(lengths.max()) // T)
+                        grid = (nbr, S)
+                        ws = cp.zeros(nbr * S * block * feat, dtype=cp.float32)
+                        counters = cp.zeros(nbr, dtype=cp.int32)
+                        extra = (np.int32(T), np.int32(S), ws, counters)
+                    else:
+                        grid = (nbr, p["split"]) if heavy else (nbr,)
+                        extra = (np.int32(heavy),) if heavy else ()
                     outs = [torch.full((M, feat), float("nan"), device=dev, dtype=torch.float32) for _ in bs]
 
                     def call(i, kern=kern, grid=grid, threads=(p["w"] * 32,), sm=sm, outs=outs, extra=extra):
@@ -388,23 +472,23 @@ def main(argv=None) -> int:
                     ok = bool(err < 1e-3) and not any(bool(torch.isnan(o).any()) for o in outs)
                     tm = timer.measure([lambda i=i: call(i) for i in range(len(bs))]) if ok else None
                     row["variants"].append({"kernel": kname, **{k: v for k, v in p.items() if k in ("w", "g", "split")},
-                                            "heavy": heavy, "smem": sm, "ok": ok, "err": err,
+                                            "heavy": heavy, "chunk": T, "smem": sm, "ok": ok, "err": err,
                                             "us": tm.median_ms * 1e3 if tm else None,
                                             "method": tm.method if tm else None})
             good = [x for x in row["variants"] if x["ok"]]
             best = min(good, key=lambda x: x["us"]) if good else None
             row["best"] = best
             row["speedup"] = row["dense_us"] / best["us"] if best else None
-            for kname in ("bsr_lean", "bsr_gather", "bsr_split"):
+            for kname in ("bsr_lean", "bsr_gather", "bsr_split", "bsr_ksplit"):
                 mine = [x for x in good if x["kernel"] == kname]
                 if mine:
                     row[f"{kname}_speedup"] = row["dense_us"] / min(x["us"] for x in mine)
             rows_out.append(row)
             print(f"{name:<28} F={feat:2d} dense {row['dense_us']:5.2f} us best "
                   f"{best['us'] if best else float('nan'):5.2f} us x{row['speedup'] or 0:.2f} "
-                  f"{ {k: best.get(k) for k in ('kernel', 'w', 'g', 'split', 'heavy')} if best else 'NONE OK'} lean "
+                  f"{ {k: best.get(k) for k in ('kernel', 'w', 'g', 'split', 'heavy', 'chunk')} if best else 'NONE OK'} lean "
                   f"x{row.get('bsr_lean_speedup', 0):.2f} gather x{row.get('bsr_gather_speedup', 0):.2f} "
-                  f"split x{row.get('bsr_split_speedup', 0):.2f} "
+                  f"split x{row.get('bsr_split_speedup', 0):.2f} ksplit x{row.get('bsr_ksplit_speedup', 0):.2f} "
                   f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
     wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
     with open(args.out, "w") as fh:

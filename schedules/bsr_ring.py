@@ -154,7 +154,7 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     """A rule fitted to the H200 probe's sweep (``probe_bsr_bulk_r3_H200.json``: 54 cases,
     every variant timed; this rule's pick is within 4.5 % of each case's best on geomean,
     41 % at worst). B's columns split in two at 32+ columns where there are fewer than 64
-    block rows; a block row's stored blocks split across a cluster of 4 where the row moves
+    block rows or the blocks have 64 rows; a block row's stored blocks split across a cluster of 4 where the row moves
     12K+ halves (its blocks and B's rows for them) and the grid stays under 400 CTAs; two
     warps a 16-row tile up to 32-row blocks, one for 64; four blocks a stage on walks of 24+
     blocks, two on walks of 2+ (64-row blocks: one). ``rows`` x ``cols`` default to 4096 x
@@ -171,7 +171,12 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     rows, cols = rows or 4096, cols or 4096
     nbr = max(-(-rows // r), 1)
     per_row = max(-(-cols // c), 1) * max(min(float(density), 1.0), 0.0)  # stored blocks a block row
-    col_split = fixed.get("col_split", 2 if feat >= 32 and feat % 16 == 0 and nbr < 64 else 1)
+    # 64-row blocks split B's columns before they split a row's blocks: a cluster's partial
+    # tiles are 64 x F fp32 there, and summing them through distributed shared memory costs more
+    # than reading each block twice (H200, random 4096 x 4096, 64 x 64 blocks at 70 %, 64
+    # columns: columns in two and a cluster of 2 take 8.56 us, a cluster of 4 10.81 us, dense
+    # 10.71; results/bsr_ring_b64_split_H200.json)
+    col_split = fixed.get("col_split", 2 if feat >= 32 and feat % 16 == 0 and (nbr < 64 or r >= 64) else 1)
     nb = max(feat // col_split, 1)
     moved = per_row * (r * c + c * nb) / 1024  # thousands of halves a block row moves
     # where 4 a row would pass 400 CTAs (many block rows), long walks still split in two: on the

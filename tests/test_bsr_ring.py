@@ -99,6 +99,9 @@ def test_defaults_fit_and_follow_the_matrix():
     assert br.default_knobs((32, 32), 64, 4096, 4096, 0.3)["cluster"] == 2  # 128 block rows: 4 a row passes 400
     assert br.default_knobs((32, 32), 64, 1024, 4096, 0.3)["col_split"] == 2
     assert br.default_knobs((16, 16), 64, 4096, 4096, 0.3)["col_split"] == 1
+    b64 = br.default_knobs((64, 64), 64, 4096, 4096, 0.3)  # 64-row blocks: columns split before clusters
+    assert (b64["col_split"], b64["cluster"]) == (2, 2)
+    assert br.default_knobs((64, 64), 16, 4096, 4096, 0.3)["col_split"] == 1  # 16 columns stay whole
     assert br.default_knobs((16, 16), 16, 4096, 4096, 0.3)["per_stage"] == 4
     assert br.default_knobs((16, 16), 16, 384, 384, 0.05)["per_stage"] == 1  # 1.2 blocks a row
     assert br.default_knobs((32, 32), 64, 0, 0, 0.3, fixed={"cluster": 8})["cluster"] == 8

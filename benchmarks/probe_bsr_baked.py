@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Design probe (issue 23's last line): BSR fp16 SpMM at 64 columns on MiniLM's 384-column
+layers, with the weight's block pattern compiled into the kernel.
+
+Every kernel sparsec builds for these layers waits on one or two dependent trips to memory
+(``indptr``, then the row's block columns) before it can ask for a block or B's rows;
+dense cuBLAS (``nvjet_sm90_hsh_64x16`` / ``64x8``, 96 / 48 CTAs) asks for its tiles at once.
+Here a CTA's block row is a template instance whose first block and block columns are
+immediates (``row<Q0, C0, C1, ...>``), selected by a ``switch`` on ``blockIdx.x``: every
+block and every row of B it needs goes out in the kernel's first trip (16-byte
+``cp.async``), the warps split the row's blocks (all in flight), ``ldmatrix`` + ``mma``,
+the warps' partial tiles added in shared memory, C stored as fp16. ``split`` cuts a heavy
+row's columns over ``split`` CTAs (rows of ``heavy`` or more blocks), as cuBLAS cuts its 64
+columns into 16-column tiles.
+
+    SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_baked.py [--feats 64] [--out FILE]
+
+CUDA C++ compiled by CuPy (no TVM), checked against float64 on NaN-poisoned outputs, timed
+with sparsec's timer beside ``torch.matmul`` (B rotated over copies).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+import _preamble  # noqa: F401,E402
+
+from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
+from probe_bsr_lean import cases  # noqa: E402
+
+KERNEL = r"""
+#include <cuda_fp16.h>
+constexpr int MT = BR / 16, KS = BC / 16, THREADS = W * 32, AP = BC + 8;
+""" + MMA_HELPERS + r"""
+// block row br: the blocks Q0, Q0 + 1, ... (columns COLS...), columns [f0, f0 + FW) of B and C
+template <int FW, int Q0, int... COLS>
+__device__ __forceinline__ void row(const half* __restrict__ values, const half* __restrict__ B,
+                                    half* __restrict__ C, int M, int K, int br, int f0, unsigned char* smem) {
+  constexpr int CNT = sizeof...(COLS);
+  constexpr int cols[CNT + 1] = {COLS..., 0};
+  constexpr int PER = (CNT + W - 1) / W;            // blocks a warp holds, all in flight
+  constexpr int NTW = FW / 8, PW = FW + 8, SLOT = BR * AP + BC * PW;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  half* mine = reinterpret_cast<half*>(smem) + warp * (PER > 0 ? PER : 1) * SLOT;
+#pragma unroll
+  for (int g = 0; g < PER; ++g) {
+    const int i = warp + g * W;
+    if (i < CNT) {
+      const half* src = values + (size_t)(Q0 + i) * (BR * BC);
+#pragma unroll
+      for (int e = lane; e < BR * BC / 8; e += 32)
+        cp_async16(smem_addr(mine + g * SLOT + (e / (BC / 8)) * AP + (e % (BC / 8)) * 8), src + e * 8, 16);
+      int c = 0;
+#pragma unroll
+      for (int j = 0; j < CNT; ++j) c = (j == i) ? cols[j] : c;   // i is warp-uniform, j unrolled
+#pragma unroll
+      for (int e = lane; e < BC * FW / 8; e += 32) {
+        const int k = c * BC + e / (FW / 8);
+        cp_async16(smem_addr(mine + g * SLOT + BR * AP + (e / (FW / 8)) * PW + (e % (FW / 8)) * 8),
+                   B + (size_t)min(k, K - 1) * F + f0 + (e % (FW / 8)) * 8, k < K ? 16 : 0);
+      }
+    }
+  }
+  float acc[MT][NTW][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NTW; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncwarp();
+#pragma unroll
+  for (int g = 0; g < PER; ++g) {
+    if (warp + g * W < CNT) {
+      const unsigned sa = smem_addr(mine + g * SLOT), sb = smem_addr(mine + g * SLOT + BR * AP);
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          unsigned a[4];
+          ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
+#pragma unroll
+          for (int t = 0; t + 1 < NTW; t += 2) {
+            unsigned b[4];
+            ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * PW + t * 8 + lane / 16 * 8) * 2);
+            mma16816(acc[m][t], a, b[0], b[1]);
+            mma16816(acc[m][t + 1], a, b[2], b[3]);
+          }
+          if (NTW % 2) {
+            unsigned b[2];
+            ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * PW + (NTW - 1) * 8) * 2);
+            mma16816(acc[m][NTW - 1], a, b[0], b[1]);
+          }
+        }
+    }
+  }
+  const int gq = lane / 4, t4 = lane % 4;
+  float* red = reinterpret_cast<float*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NTW; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * FW + t * 8 + t4 * 2) =
+            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  __syncthreads();
+  for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
+    float4 s = *reinterpret_cast<const float4*>(red + e);
+#pragma unroll
+    for (int q = 1; q < W; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(red + q * BR * FW + e);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    const int r = br * BR + e / FW;
+    if (r < M) {
+      __half2 lo = __floats2half2_rn(s.x, s.y), hi = __floats2half2_rn(s.z, s.w);
+      uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
+      *reinterpret_cast<uint2*>(C + (size_t)r * F + f0 + e % FW) = u;
+    }
+  }
+}
+"""
+
+
+def dispatch(indptr, indices, heavy, split, feat) -> str:
+    """The kernel's ``switch`` on the block row: each row's template instance (its first block
+    and columns as immediates); a row of ``heavy`` or more blocks split over ``split`` CTAs."""
+    lines = ['extern "C" __global__ void __launch_bounds__(THREADS) bsr_baked(',
+             "    const half* __restrict__ values, const half* __restrict__ B, half* __restrict__ C, int M, int K) {",
+             "  extern __shared__ __align__(128) unsigned char smem[];",
+             "  const int s = blockIdx.y;",
+             "  switch (blockIdx.x) {"]
+    fw = feat // split
+    for br in range(len(indptr) - 1):
+        q0, q1 = int(indptr[br]), int(indptr[br + 1])
+        args = ", ".join(str(int(c)) for c in indices[q0:q1])
+        tail = f"{q0}{', ' + args if args else ''}"
+        if split > 1 and q1 - q0 >= heavy:
+            lines.append(f"    case {br}: row<{fw}, {tail}>(values, B, C, M, K, {br}, s * {fw}, smem); break;")
+        else:
+            lines.append(f"    case {br}: if (s == 0) row<{feat}, {tail}>(values, B, C, M, K, {br}, 0, smem); break;")
+    lines += ["  }", "}"]
+    return "\n".join(lines)
+
+
+def smem_bytes(block, feat, w, longest) -> int:
+    per = max(1, -(-longest // w))
+    slots = w * per * (block * (block + 8) + block * (feat + 8)) * 2
+    return max(slots, w * block * feat * 4)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--feats", type=int, nargs="+", default=[64])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_bsr_baked.json"))
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import scipy.sparse as sp
+    import torch
+
+    from sparsec.measure import Timer
+
+    def torch_stream():
+        return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    timer = Timer("cuda", warmup_ms=10.0, budget_ms=60.0, max_reps=150)
+    dev = torch.device("cuda")
+    rows_out = []
+    jobs = []  # (case index, feat, w, split, heavy): compiled in parallel first (NVRTC, one module each)
+    prepared = []
+    for name, dense16, block in cases():
+        bsr = sp.bsr_matrix(dense16.astype(np.float32), blocksize=(block, block))
+        bsr.sort_indices()
+        prepared.append((name, dense16, block, bsr))
+        lengths = np.diff(bsr.indptr)
+        heavy = max(1, int(np.percentile(lengths, 90)))
+        for feat in args.feats:
+            for w, split in ((4, 1), (8, 1), (4, 4), (8, 2)):
+                if feat // split < 16 or (block // 16) * (feat // split) // 8 > 16:
+                    continue
+                if smem_bytes(block, feat, w, int(lengths.max())) > 227 * 1024:
+                    continue
+                jobs.append((len(prepared) - 1, feat, w, split, heavy if split > 1 else None))
+
+    def build(job):
+        ci, feat, w, split, heavy = job
+        _, _, block, bsr = prepared[ci]
+        src = KERNEL + dispatch(bsr.indptr, bsr.indices, heavy or 0, split, feat)
+        opts = ("-std=c++17", "-arch=sm_90a", f"-DBR={block}", f"-DBC={block}", f"-DF={feat}", f"-DW={w}")
+        mod = cp.RawModule(code=src, options=opts)
+        mod.compile()
+        return mod
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
+        modules = dict(zip(jobs, pool.map(build, jobs)))
+    print(f"compiled {len(modules)} kernels", flush=True)
+    for ci, (name, dense16, block, bsr) in enumerate(prepared):
+        M, K = dense16.shape
+        lengths = np.diff(bsr.indptr)
+        vals = cp.asarray(bsr.data.astype(np.float16).reshape(-1))
+        w_dense = torch.from_numpy(dense16).to(dev)
+        nbr = lengths.size
+        for feat in args.feats:
+            bs = [torch.randn(K, feat, device=dev, dtype=torch.float16) for _ in range(8)]
+            ref = [(torch.from_numpy(dense16.astype(np.float64)).to(dev) @ b.double()) for b in bs]
+            dense_us = timer.measure([lambda b=b: torch.matmul(w_dense, b) for b in bs]).median_ms * 1e3
+            row = {"case": name, "shape": [M, K], "block": block, "feat": feat, "dense_us": dense_us,
+                   "nnzb": int(lengths.sum()), "longest_row": int(lengths.max()), "variants": []}
+            for job in [j for j in jobs if j[0] == ci and j[1] == feat]:
+                _, _, w, split, heavy = job
+                sm = smem_bytes(block, feat, w, int(lengths.max()))
+                kern = modules[job].get_function("bsr_baked")
+                kern.max_dynamic_shared_size_bytes = sm
+                outs = [torch.full((M, feat), float("nan"), device=dev, dtype=torch.float16) for _ in bs]
+
+                def call(i, kern=kern, grid=(nbr, split), threads=(w * 32,), sm=sm, outs=outs):
+                    with torch_stream():
+                        kern(grid, threads, (vals, cp.asarray(bs[i]), cp.asarray(outs[i]), np.int32(M), np.int32(K)),
+                             shared_mem=sm)
+                for i in range(len(bs)):
+                    call(i)
+                torch.cuda.synchronize()
+                err = max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, ref))
+                ok = bool(err < 2e-3) and not any(bool(torch.isnan(o).any()) for o in outs)
+                tm = timer.measure([lambda i=i: call(i) for i in range(len(bs))]) if ok else None
+                row["variants"].append({"w": w, "split": split, "heavy": heavy, "smem": sm, "ok": ok, "err": err,
+                                        "us": tm.median_ms * 1e3 if tm else None})
+            good = [x for x in row["variants"] if x["ok"]]
+            best = min(good, key=lambda x: x["us"]) if good else None
+            row["best"], row["speedup"] = best, (dense_us / best["us"] if best else None)
+            rows_out.append(row)
+            print(f"{name:<28} F={feat:2d} nnzb {row['nnzb']:4d} longest {row['longest_row']:2d} dense "
+                  f"{dense_us:5.2f} us baked {best['us'] if best else float('nan'):5.2f} us "
+                  f"x{row['speedup'] or 0:.2f} {best and {k: best[k] for k in ('w', 'split', 'heavy')}} "
+                  f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
+    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
+    with open(args.out, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    sp_ = [r["speedup"] for r in rows_out if r["speedup"]]
+    print(f"\n{torch.cuda.get_device_name()}: {len(rows_out)} cases, {wrong} wrong; geomean "
+          f"x{math.exp(np.mean(np.log(sp_))):.3f} min x{min(sp_):.3f}; below 1.0x: {sum(s < 1 for s in sp_)}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
