@@ -36,11 +36,25 @@ from probe_bsr_lean import cases  # noqa: E402
 KERNEL = r"""
 #include <cuda_fp16.h>
 constexpr int MT = BR / 16, KS = BC / 16, THREADS = W * 32, AP = BC + 8;
+#ifndef RPAD
+#define RPAD 0
+#endif
+// --timeline: thread 0 of each CTA stamps its phases (clock64; globaltimer at entry and exit)
+#ifdef TIMELINE
+#define MARK(k) if (threadIdx.x == 0) tl[(blockIdx.y * gridDim.x + blockIdx.x) * 10 + (k)] = clock64()
+#define GMARK(k) if (threadIdx.x == 0) { unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \
+                                          tl[(blockIdx.y * gridDim.x + blockIdx.x) * 10 + (k)] = g_; }
+#else
+#define MARK(k)
+#define GMARK(k)
+#endif
 """ + MMA_HELPERS + r"""
 // block row br: the blocks Q0, Q0 + 1, ... (columns COLS...), columns [f0, f0 + FW) of B and C
 template <int FW, int Q0, int... COLS>
 __device__ __forceinline__ void row(const half* __restrict__ values, const half* __restrict__ B,
-                                    half* __restrict__ C, int M, int K, int br, int f0, unsigned char* smem) {
+                                    half* __restrict__ C, int M, int K, int br, int f0, unsigned char* smem,
+                                    unsigned long long* __restrict__ tl) {
+  MARK(1);
   constexpr int CNT = sizeof...(COLS);
   constexpr int cols[CNT + 1] = {COLS..., 0};
   constexpr int PER = (CNT + W - 1) / W;            // blocks a warp holds, all in flight
@@ -73,6 +87,7 @@ __device__ __forceinline__ void row(const half* __restrict__ values, const half*
     for (int t = 0; t < NTW; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncwarp();
+  MARK(2);
 #pragma unroll
   for (int g = 0; g < PER; ++g) {
     if (warp + g * W < CNT) {
@@ -100,30 +115,41 @@ __device__ __forceinline__ void row(const half* __restrict__ values, const half*
   }
   const int gq = lane / 4, t4 = lane % 4;
   float* red = reinterpret_cast<float*>(smem);
+  constexpr int RP = FW + RPAD;                     // floats a row of a partial tile (RPAD: off the banks)
+  MARK(3);
   __syncthreads();
+  MARK(4);
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int t = 0; t < NTW; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * FW + t * 8 + t4 * 2) =
+        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * RP + t * 8 + t4 * 2) =
             make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  MARK(5);
   __syncthreads();
+  MARK(6);
   for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
-    float4 s = *reinterpret_cast<const float4*>(red + e);
+    const int rr = e / FW, cc = e % FW;
+    float4 s = *reinterpret_cast<const float4*>(red + rr * RP + cc);
 #pragma unroll
     for (int q = 1; q < W; ++q) {
-      const float4 v = *reinterpret_cast<const float4*>(red + q * BR * FW + e);
+      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
       s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
     }
-    const int r = br * BR + e / FW;
+    const int r = br * BR + rr;
     if (r < M) {
       __half2 lo = __floats2half2_rn(s.x, s.y), hi = __floats2half2_rn(s.z, s.w);
       uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
-      *reinterpret_cast<uint2*>(C + (size_t)r * F + f0 + e % FW) = u;
+#ifndef NOSTORE
+      *reinterpret_cast<uint2*>(C + (size_t)r * F + f0 + cc) = u;
+#else
+      if (u.x == 0x7fffffffu) C[0] = __float2half(0.f);  // keeps the sum alive; never true in practice
+#endif
     }
   }
+  MARK(7);
 }
 """
 
@@ -132,8 +158,10 @@ def dispatch(indptr, indices, heavy, split, feat) -> str:
     """The kernel's ``switch`` on the block row: each row's template instance (its first block
     and columns as immediates); a row of ``heavy`` or more blocks split over ``split`` CTAs."""
     lines = ['extern "C" __global__ void __launch_bounds__(THREADS) bsr_baked(',
-             "    const half* __restrict__ values, const half* __restrict__ B, half* __restrict__ C, int M, int K) {",
+             "    const half* __restrict__ values, const half* __restrict__ B, half* __restrict__ C, int M, int K,",
+             "    unsigned long long* __restrict__ tl) {",
              "  extern __shared__ __align__(128) unsigned char smem[];",
+             "  GMARK(0);",
              "  const int s = blockIdx.y;",
              "  switch (blockIdx.x) {"]
     fw = feat // split
@@ -142,22 +170,62 @@ def dispatch(indptr, indices, heavy, split, feat) -> str:
         args = ", ".join(str(int(c)) for c in indices[q0:q1])
         tail = f"{q0}{', ' + args if args else ''}"
         if split > 1 and q1 - q0 >= heavy:
-            lines.append(f"    case {br}: row<{fw}, {tail}>(values, B, C, M, K, {br}, s * {fw}, smem); break;")
+            lines.append(f"    case {br}: row<{fw}, {tail}>(values, B, C, M, K, {br}, s * {fw}, smem, tl); break;")
         else:
-            lines.append(f"    case {br}: if (s == 0) row<{feat}, {tail}>(values, B, C, M, K, {br}, 0, smem); break;")
-    lines += ["  }", "}"]
+            lines.append(f"    case {br}: if (s == 0) row<{feat}, {tail}>(values, B, C, M, K, {br}, 0, smem, tl); break;")
+    lines += ["  }", "  GMARK(8);", "}"]
     return "\n".join(lines)
 
 
 def smem_bytes(block, feat, w, longest) -> int:
     per = max(1, -(-longest // w))
     slots = w * per * (block * (block + 8) + block * (feat + 8)) * 2
-    return max(slots, w * block * feat * 4)
+    return max(slots, w * block * (feat + 4) * 4)
+
+
+def timeline(cp, prepared, feat, best, vals, b, M, K, torch_stream, flags=()) -> dict:
+    """The best variant rebuilt with -DTIMELINE and run 20 times: per CTA, its start and end
+    (globaltimer, ns from the first CTA's start) and its phases in cycles (copies in flight,
+    the MMAs, the CTA barrier, the partial tiles' sum and the stores) from the last run."""
+    _, _, block, bsr = prepared
+    w, split, heavy = best["w"], best["split"], best["heavy"]
+    src = KERNEL + dispatch(bsr.indptr, bsr.indices, heavy or 0, split, feat)
+    opts = ("-std=c++17", "-arch=sm_90a", f"-DBR={block}", f"-DBC={block}", f"-DF={feat}", f"-DW={w}", "-DTIMELINE") + tuple(flags)
+    kern = cp.RawModule(code=src, options=opts).get_function("bsr_baked")
+    sm = best["smem"]
+    kern.max_dynamic_shared_size_bytes = sm
+    nbr = bsr.indptr.size - 1
+    tl = cp.zeros(nbr * split * 10, dtype=cp.uint64)
+    out = cp.empty((M, feat), dtype=cp.float16)
+    for _ in range(20):
+        with torch_stream():
+            kern((nbr, split), (w * 32,), (vals, cp.asarray(b), out, np.int32(M), np.int32(K), tl), shared_mem=sm)
+    cp.cuda.runtime.deviceSynchronize()
+    t = cp.asnumpy(tl).reshape(split, nbr, 10).astype(np.int64)
+    lengths = np.diff(bsr.indptr)
+    live = t[..., 1] > 0  # CTAs that ran a row (the others exit at once)
+    g0 = t[..., 0][live]
+    start = (t[..., 0] - g0.min())[live]
+    end = (t[..., 8] - g0.min())[live]
+    phases = {"copies": t[..., 2] - t[..., 1], "mma": t[..., 3] - t[..., 2], "barrier": t[..., 4] - t[..., 3],
+              "partials": t[..., 5] - t[..., 4], "barrier2": t[..., 6] - t[..., 5], "sum_store": t[..., 7] - t[..., 6]}
+    rows = np.broadcast_to(lengths, (split, nbr))[live]
+    last = int(np.argmax(end))
+    # the same kernel timed alone as built (RPAD / NOSTORE change it)
+    return {"flags": list(flags), "ctas": int(live.sum()), "start_ns": [int(start.min()), int(np.median(start)), int(start.max())],
+            "end_ns": [int(end.min()), int(np.median(end)), int(end.max())],
+            "last_cta_blocks": int(rows[last]), "last_cta_start_ns": int(start[last]),
+            "phases_cycles": {k: {"median": int(np.median(v[live])), "max": int(v[live].max()),
+                                  "last_cta": int(v[live][last])} for k, v in phases.items()},
+            "blocks_vs_end": [[int(r), int(e)] for r, e in sorted(zip(rows, end))][::max(1, int(live.sum()) // 16)]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--feats", type=int, nargs="+", default=[64])
+    ap.add_argument("--rpad", type=int, default=0, help="floats of padding a row of the warps' partial tiles")
+    ap.add_argument("--timeline", nargs="*", default=[],
+                    help="for the cases whose name contains one of these: each CTA's phases (clock64) of the best variant")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_bsr_baked.json"))
     args = ap.parse_args(argv)
     import cupy as cp
@@ -172,6 +240,7 @@ def main(argv=None) -> int:
     timer = Timer("cuda", warmup_ms=10.0, budget_ms=60.0, max_reps=150)
     dev = torch.device("cuda")
     rows_out = []
+    no_timeline = cp.zeros(1, dtype=cp.uint64)
     jobs = []  # (case index, feat, w, split, heavy): compiled in parallel first (NVRTC, one module each)
     prepared = []
     for name, dense16, block in cases():
@@ -192,7 +261,8 @@ def main(argv=None) -> int:
         ci, feat, w, split, heavy = job
         _, _, block, bsr = prepared[ci]
         src = KERNEL + dispatch(bsr.indptr, bsr.indices, heavy or 0, split, feat)
-        opts = ("-std=c++17", "-arch=sm_90a", f"-DBR={block}", f"-DBC={block}", f"-DF={feat}", f"-DW={w}")
+        opts = ("-std=c++17", "-arch=sm_90a", f"-DBR={block}", f"-DBC={block}", f"-DF={feat}", f"-DW={w}",
+                f"-DRPAD={args.rpad}")
         mod = cp.RawModule(code=src, options=opts)
         mod.compile()
         return mod
@@ -222,8 +292,8 @@ def main(argv=None) -> int:
 
                 def call(i, kern=kern, grid=(nbr, split), threads=(w * 32,), sm=sm, outs=outs):
                     with torch_stream():
-                        kern(grid, threads, (vals, cp.asarray(bs[i]), cp.asarray(outs[i]), np.int32(M), np.int32(K)),
-                             shared_mem=sm)
+                        kern(grid, threads, (vals, cp.asarray(bs[i]), cp.asarray(outs[i]), np.int32(M), np.int32(K),
+                                             no_timeline), shared_mem=sm)
                 for i in range(len(bs)):
                     call(i)
                 torch.cuda.synchronize()
@@ -235,11 +305,17 @@ def main(argv=None) -> int:
             good = [x for x in row["variants"] if x["ok"]]
             best = min(good, key=lambda x: x["us"]) if good else None
             row["best"], row["speedup"] = best, (dense_us / best["us"] if best else None)
+            if best and args.timeline and any(t in name for t in args.timeline):
+                row["timeline"] = {" ".join(fl) or "plain": timeline(cp, prepared[ci], feat, best, vals, bs[0], M, K,
+                                                                      torch_stream, fl)
+                                   for fl in ((), ("-DRPAD=4",), ("-DNOSTORE",))}
             rows_out.append(row)
             print(f"{name:<28} F={feat:2d} nnzb {row['nnzb']:4d} longest {row['longest_row']:2d} dense "
                   f"{dense_us:5.2f} us baked {best['us'] if best else float('nan'):5.2f} us "
                   f"x{row['speedup'] or 0:.2f} {best and {k: best[k] for k in ('w', 'split', 'heavy')}} "
                   f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
+            if "timeline" in row:
+                print("   timeline:", json.dumps(row["timeline"]), flush=True)
     wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
     with open(args.out, "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)

@@ -22,9 +22,13 @@ GATHER_ONLY = set(bsr_gather.KNOBS) - set(bsr_ring.KNOBS) - set(bsr_stream.KNOBS
 # where bsr_gather is the default: few columns of B on a matrix of short rows (under
 # BSR_STREAM_MIN_COLS columns, where the block-row template was the default). H200, MiniLM's
 # 384-column weights at 16 columns: 1.05-1.40x dense over 18 cases, the block-row template
-# 0.95-1.36x beside it (results/bsr_small_feat_H200.json); at 64 columns it lost to the
-# template in most (results/bsr_small_feat_gather_H200.json), so wider B stays there.
-GATHER_MAX_FEAT = 16
+# 0.95-1.36x beside it (results/bsr_small_feat_H200.json). At 64 columns it lost to the
+# template in most until its warps' partial tiles were padded off the shared-memory banks
+# (results/bsr_small_feat_gather_H200.json); padded, its defaults beat the template's in 6 of
+# 7 of MiniLM's FFN-in and attention-Q cases with 16- and 32-row blocks at 70 and 90 %
+# (0.83-1.10x dense against 0.74-0.97x, one run, results/bsr_small_feat_gather64_H200.json).
+# 64-row blocks at 64 columns hold more accumulator tiles than it takes: the template's.
+GATHER_MAX_FEAT = bsr_gather.MAX_FEAT
 
 
 def gathers(m, knobs=None) -> bool:

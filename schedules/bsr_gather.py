@@ -22,7 +22,7 @@ kernel; ``benchmarks/results/probe_bsr_lean_r3_H200.json``): on MiniLM's FFN-in 
 attention-Q weights at 64 columns 0.81-1.00x dense against the block-row template's
 0.71-0.98x (separate runs of one session), at 16 columns 0.96-1.34x. This TIR kernel,
 checked on the H200 (``results/check_bsr_gather_H200.json``), is ``sparsec.compile``'s
-default for up to 16 columns on matrices of short rows and is reached by its own knobs
+default for up to 64 columns on matrices of short rows and is reached by its own knobs
 elsewhere (``schedules.bsr_dispatch``). The kernel trusts its operands (a ``formats.bsr``
 instance's own arrays) and needs ``values`` and B 16-byte aligned.
 """
@@ -37,6 +37,15 @@ SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
 KNOBS = {"warps": (8, 4, 2, 16), "per_warp": (4, 2, 1), "split": (1, 2, 4), "heavy": (1, 2, 4, 8, 16, 32)}
 MAX_FEAT = 64
 MAX_TILES = 16  # 16 x 8 accumulator tiles a warp holds (64 registers)
+
+
+def red_pitch(fw: int) -> int:
+    """Floats a row of a warp's partial tile takes in shared memory: ``fw`` padded so that the
+    rows a warp's store instruction touches (8 rows, 4 lanes a row) start 8 banks apart. An
+    unpadded 64-column tile puts all 8 rows on one bank (8-way conflicts); on the H200 the
+    partial tiles' stores then took ~900 cycles of a 16 x 64 tile's CTA and ~500 padded
+    (``benchmarks/probe_bsr_baked.py --timeline``, ``results/probe_bsr_baked_timeline_H200.json``)."""
+    return fw if fw % 16 == 8 else fw + 8
 
 
 def takes(block, feat: int) -> bool:
@@ -70,7 +79,7 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int) ->
     p.a_halves = r * p.apitch
     p.slot_halves = p.a_halves + c * (feat + PAD)  # a block and B's rows for it, all columns
     p.slots_halves = warps * per_warp * p.slot_halves
-    p.red_floats = warps * r * feat  # the warps' partial tiles, over the slots once they are done
+    p.red_floats = warps * r * red_pitch(feat)  # the warps' partial tiles, over the slots once they are done
     p.smem = max(p.slots_halves * 2, p.red_floats * 4)
     p.a_chunks = r * c // 8
     if p.smem > SMEM_LIMIT:
@@ -130,11 +139,11 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
     def syncwarp():
         return T.evaluate(T.call_extern("void", "__syncwarp", full_mask))
 
-    def sum_warps(Red, e, red):
-        """Element ``e`` of the warps' partial tiles (``red`` floats each), added."""
-        total = Red[e]
+    def sum_warps(Red, at_row, red):
+        """Element ``at_row`` of the warps' partial tiles (``red`` floats each), added."""
+        total = Red[at_row]
         for w in range(1, W):
-            total = total + Red[w * red + e]
+            total = total + Red[w * red + at_row]
         return total
 
     def part(FW):
@@ -143,7 +152,8 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         b_chunks = Cb * FW // 8
         b_iters = -(-b_chunks // 32)
         per8 = FW // 8
-        red = R * FW
+        RP = red_pitch(FW)
+        red = R * RP
 
         @T.macro
         def row_part(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, q0, cnt, row0, f0, ty, tx):
@@ -204,14 +214,14 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
                 for t in T.unroll(NTW):
                     for h in T.unroll(2):
                         for q in T.unroll(2):
-                            Red[ty * red + (m * 16 + tx // 4 + h * 8) * FW + t * 8 + tx % 4 * 2 + q] = \
+                            Red[ty * red + (m * 16 + tx // 4 + h * 8) * RP + t * 8 + tx % 4 * 2 + q] = \
                                 acc[(m * NTW + t) * 4 + h * 2 + q]
             T.tvm_storage_sync("shared")
-            for it in T.unroll(-(-red // p.threads)):
+            for it in T.unroll(-(-(R * FW) // p.threads)):
                 e = T.meta_var(it * p.threads + ty * 32 + tx)
-                if e < red:
+                if e < R * FW:
                     if row0 + e // FW < M:
-                        C[row0 + e // FW, f0 + e % FW] = sum_warps(Red, e, red)
+                        C[row0 + e // FW, f0 + e % FW] = sum_warps(Red, e // FW * RP + e % FW, red)
         return row_part
 
     whole = part(feat)

@@ -118,7 +118,8 @@ def test_compile_reaches_it_by_its_own_knobs():
 @pytest.mark.parametrize("shape,density,feat,target,expect", [
     ((1536, 384), 0.3, 16, "cuda", "gather"),  # short rows, few columns: this kernel
     ((384, 384), 0.1, 8, "cuda", "gather"),
-    ((1536, 384), 0.3, 64, "cuda", "blockrow"),  # wider B: the block-row template won
+    ((1536, 384), 0.3, 64, "cuda", "gather"),  # 64 columns too, once its partial tiles were padded
+    ((1536, 384), 0.3, 128, "cuda", "blockrow"),  # wider than it takes
     ((1536, 384), 0.3, 16, "cuda:sm_80", "blockrow"),  # timed on sm_90 only
     ((384, 1536), 0.3, 16, "cuda", "ring"),  # long rows, dense enough: bsr_ring's region
 ])
@@ -141,7 +142,8 @@ def test_default_dispatch_by_row_length_and_width(shape, density, feat, target, 
 
 def test_compile_picks_it_for_a_short_row_matrix_at_16_columns():
     """The whole path: a 1536 x 384 block-pruned weight at 16 columns compiles to this kernel
-    with its default knobs (no knob given), at 64 columns to the block-row template."""
+    with its default knobs (no knob given), at 64 columns too (B's columns split 4 ways on a
+    long row), at 128 columns to the block-row template."""
     import sparsec
     from sparsec import formats
 
@@ -151,4 +153,6 @@ def test_compile_picks_it_for_a_short_row_matrix_at_16_columns():
     k16 = sparsec.compile("spmm", inst, target="cuda", feat=16)
     assert set(k16.knobs) == set(bg.KNOBS) and k16.knobs["split"] == 1
     assert "mma.sync" in k16.source() and "mbarrier" not in k16.source()
-    assert not set(sparsec.compile("spmm", inst, target="cuda", feat=64).knobs) & set(bg.KNOBS)
+    k64 = sparsec.compile("spmm", inst, target="cuda", feat=64)
+    assert set(k64.knobs) == set(bg.KNOBS) and k64.knobs["split"] == 4
+    assert not set(sparsec.compile("spmm", inst, target="cuda", feat=128).knobs) & set(bg.KNOBS)

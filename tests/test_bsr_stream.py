@@ -144,14 +144,14 @@ def test_compile_reaches_it_by_capability_and_knobs_pick_the_template():
     assert "n_tile" in sparsec.compile("spmm", "bsr:32x32", target="cuda", feat=16, dtype="bfloat16").knobs
     with pytest.raises(ValueError, match="warps should be one of"):
         sparsec.compile("spmm", inst, target="cuda", feat=16, knobs={"warps": 3})
-    # where the block-row template wins: few blocks a row (sparse, or short rows above 16
-    # columns) or no matrix to judge by; a stream knob given still takes the stream kernel
+    # where the block-row template wins: few blocks a row (sparse) or no matrix to judge by;
+    # short rows go to bsr_gather up to 64 columns; a stream knob given still takes the stream kernel
     w[:, 256:] = 0
     sparse = formats.convert(w, "bsr:32x32")
     assert "n_tile" in sparsec.compile("spmm", sparse, target="cuda", feat=16).knobs
     short = formats.convert(w[:, :512], "bsr:32x32")
-    assert "n_tile" in sparsec.compile("spmm", short, target="cuda", feat=24).knobs
-    assert "per_warp" in sparsec.compile("spmm", short, target="cuda", feat=16).knobs  # short rows, 16 columns: bsr_gather
+    assert "per_warp" in sparsec.compile("spmm", short, target="cuda", feat=24).knobs  # short rows: bsr_gather
+    assert "per_warp" in sparsec.compile("spmm", short, target="cuda", feat=16).knobs
     assert "n_tile" in sparsec.compile("spmm", "bsr:32x32", target="cuda", feat=16, dtype="float16").knobs
     assert sparsec.compile("spmm", sparse, target="cuda", feat=16, knobs={"warps": 4}).knobs["warps"] == 4
 
