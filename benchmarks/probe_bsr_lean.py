@@ -56,6 +56,12 @@ constexpr int AP = BC + 8;
 constexpr int SLOT = 16 * AP;         // halves of a warp's slice of one block
 constexpr int THREADS = W * 32;
 constexpr int B_HALVES = KP * BPITCH;
+#ifndef RPAD
+#define RPAD 0   // floats of padding a row of a warp's partial tile (row_part): off the banks
+#endif
+#ifndef LIVE
+#define LIVE 0   // 1: only the warps that took blocks store and add partial tiles (row_part)
+#endif
 
 """ + MMA_HELPERS + r"""
 
@@ -260,18 +266,36 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
   }
   const int gq = lane / 4, t4 = lane % 4;
   float* red = reinterpret_cast<float*>(smem);
+  constexpr int RP = FW + RPAD;
+  const int parts = LIVE ? max(1, min(W, cnt)) : W;  // warp w took blocks iff w < cnt
   __syncthreads();
+  if (warp < parts) {
 #pragma unroll
-  for (int m = 0; m < MT; ++m)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int t = 0; t < NTW; ++t)
+      for (int t = 0; t < NTW; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * FW + t * 8 + t4 * 2) =
-            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * RP + t * 8 + t4 * 2) =
+              make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  }
   __syncthreads();
-  if (part == nullptr) sum_partials<FW, W>(red, C, M, br, f0);
-  else sum_partials_to<FW, W>(red, part);
+  if (RPAD == 0 && !LIVE) {
+    if (part == nullptr) sum_partials<FW, W>(red, C, M, br, f0);
+    else sum_partials_to<FW, W>(red, part);
+    return;
+  }
+  for (int e = threadIdx.x * 4; e < BR * FW; e += THREADS * 4) {
+    const int rr = e / FW, cc = e % FW;
+    float4 sum = *reinterpret_cast<const float4*>(red + rr * RP + cc);
+    for (int q = 1; q < parts; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
+      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    }
+    if (part != nullptr) { __stcg(reinterpret_cast<float4*>(part + e), sum); continue; }
+    const int row = br * BR + rr;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + cc) = sum;
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(
@@ -338,11 +362,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_ksplit(
 
 def gather_smem_bytes(br, bc, f, w, g):
     ring = w * g * (br * (bc + 8) + bc * (f + 8)) * 2
-    return max(ring, w * br * f * 4)  # the slots, then the warps' partial tiles over them
+    return max(ring, w * br * (f + 8) * 4)  # the slots, then the warps' partial tiles over them (padded)
 
 
 LEAN = False  # time bsr_lean too (--lean)
 KSPLIT = False  # time bsr_ksplit too (--ksplit)
+RPAD_, LIVE_ = 0, 0  # --rpad, --live: row_part's partial tiles padded, and summed over the warps that took blocks
 ONLY_KSPLIT = False
 
 
@@ -370,10 +395,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_bsr_lean.json"))
     ap.add_argument("--lean", action="store_true", help="also B resident (bsr_lean; r1 and r2 timed it)")
     ap.add_argument("--feats", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--rpad", type=int, default=0, help="floats of padding a row of the warps' partial tiles")
+    ap.add_argument("--live", action="store_true", help="sum only the partial tiles of warps that took blocks")
+    ap.add_argument("--cases", nargs="+", help="only the cases whose name contains one of these")
     ap.add_argument("--ksplit", action="store_true", help="also long rows split over K (bsr_ksplit)")
     ap.add_argument("--only-ksplit", action="store_true", help="bsr_gather and bsr_ksplit only (no bsr_split)")
     args = ap.parse_args(argv)
-    global LEAN, KSPLIT, ONLY_KSPLIT
+    global LEAN, KSPLIT, ONLY_KSPLIT, RPAD_, LIVE_
+    RPAD_, LIVE_ = args.rpad, int(args.live)
     ONLY_KSPLIT = args.only_ksplit
     LEAN = args.lean
     KSPLIT = args.ksplit or args.only_ksplit
@@ -393,7 +422,8 @@ def main(argv=None) -> int:
     def kernel(name, **p):
         key = (name,) + tuple(sorted(p.items()))
         if key not in kernels:
-            opts = ("-std=c++17", "-arch=sm_90a") + tuple(f"-D{k.upper()}={v}" for k, v in p.items())
+            opts = ("-std=c++17", "-arch=sm_90a", f"-DRPAD={RPAD_}", f"-DLIVE={LIVE_}") + tuple(
+                f"-D{k.upper()}={v}" for k, v in p.items())
             kernels[key] = cp.RawModule(code=SOURCE, options=opts).get_function(name)
         return kernels[key]
 
@@ -426,6 +456,8 @@ def main(argv=None) -> int:
 
     rows_out = []
     for name, dense16, block in cases():
+        if args.cases and not any(c in name for c in args.cases):
+            continue
         M, K = dense16.shape
         bsr = sp.bsr_matrix(dense16.astype(np.float32), blocksize=(block, block))
         bsr.sort_indices()
