@@ -22,7 +22,11 @@ ranges), then timed with sparsec's CUDA-graph timer beside cuSPARSE (``torch.spa
 the CSR tensor) and, with ``--sparsec`` (the TVM bundle installed), sparsec's CSR and hyb
 defaults.
 
-    python3 benchmarks/probe_csr_split.py [--graphs NAME ..] [--feats 32 128] [--sparsec] [--out FILE]
+    python3 benchmarks/probe_csr_split.py [--graphs NAME ..] [--feats 32 128] [--sparsec] [--compiled] [--out FILE]
+
+``--compiled`` (the TVM bundle) also checks sparsec's compiled kernel of the same design
+(``schedules/csr_split.py``, reached by ``knobs={"entries_per_warp": E}``) on every case and
+times it beside the CUDA original with the original's best knobs.
 """
 from __future__ import annotations
 
@@ -209,6 +213,40 @@ def variants(quick):
             for w in (4, 8) for u in ((4,) if quick else (2, 4))]
 
 
+def compiled_kernel(m, feat, bs, refs, scale, best, timer) -> dict:
+    """sparsec.compile's csr_split on ``m`` (knobs by ``entries_per_warp``): each setting
+    called twice per B on a NaN-poisoned output and checked against float64; the probe's
+    best setting (``best``, None on a checked-only case) timed."""
+    import torch
+
+    import sparsec
+    from sparsec import formats
+    from sparsec.schedules import csr_split
+
+    inst = formats.convert(m, "csr")
+    out = {"checks": []}
+    for e in csr_split.KNOBS["entries_per_warp"]:
+        knobs = {"entries_per_warp": e} if best is None else {"entries_per_warp": e, "warps_per_block": best["wpb"],
+                                                                  "loads_ahead": best["u"]}
+        k = sparsec.compile("spmm", inst, target="cuda:sm_90a", feat=feat, knobs=knobs)
+        errs = []
+        for b, r, s in zip(bs, refs, scale):
+            for _ in range(2):  # the workspace and carries again: nothing left over from the call before
+                got = k(inst, b, poison=True)
+                torch.cuda.synchronize()
+                finite = bool(torch.isfinite(got).all())
+                errs.append(float((got.double() - r).abs().max()) / s if r.numel() and finite else
+                            (0.0 if finite else float("inf")))
+        ok = max(errs) < 1e-4
+        out["checks"].append({"knobs": k.knobs, "ok": ok, "err": max(errs)})
+        if best is not None and e == best["e"]:
+            prep = [k.prepare(inst, b)[0] for b in bs]
+            f = k.executable[k.op_name]
+            out["knobs"], out["ms"] = k.knobs, timer.measure([lambda a=a: f(*a) for a in prep]).median_ms
+    out["ok"] = all(c["ok"] for c in out["checks"])
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", nargs="+", default=["as-22july06", "email-Enron", "cond-mat-2005", "astro-ph",
@@ -216,6 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rmat", nargs="*", default=["16:1000000", "18:4000000"], help="scale:edges R-MAT graphs")
     ap.add_argument("--feats", type=int, nargs="+", default=[32, 128], choices=(32, 64, 128))
     ap.add_argument("--sparsec", action="store_true", help="also time sparsec's csr and hyb defaults (TVM bundle)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also sparsec's compiled csr_split (schedules/csr_split.py, TVM bundle): checked on every "
+                         "case with every entries_per_warp, timed with the CUDA probe's best knobs")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_csr_split.json"))
     args = ap.parse_args(argv)
@@ -310,6 +351,8 @@ def main(argv=None) -> int:
                     row[f"sparsec_{fmt}_ok"] = bool(e < 1e-4)
             good = [x for x in row["variants"] if x["ms"]]
             row["best"] = min(good, key=lambda x: x["ms"]) if good else None
+            if args.compiled:
+                row["compiled"] = compiled_kernel(m, feat, bs, refs, scale, row["best"], timer)
             rows_out.append(row)
             wrong = sum(not x["ok"] for x in row["variants"])
             b = row["best"]
@@ -318,10 +361,12 @@ def main(argv=None) -> int:
                   f"{row.get('cusparse_ms', float('nan')) * 1e3:8.2f} us  wrong {wrong}/{len(row['variants'])}",
                   flush=True)
     wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
+    wrong += sum(not c["ok"] for r in rows_out for c in r.get("compiled", {}).get("checks", []))
     with open(args.out, "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
     print(f"\n{torch.cuda.get_device_name()}: {wrong} wrong variants; ratios = cuSPARSE / ours")
-    print(f"{'case':<22} {'F':>3} {'max row':>7} {'split':>6} {'E':>4} {'wpb':>3} {'U':>2} {'csr':>6} {'hyb':>6}")
+    print(f"{'case':<22} {'F':>3} {'max row':>7} {'split':>6} {'E':>4} {'wpb':>3} {'U':>2} {'csr':>6} {'hyb':>6} "
+          f"{'compiled':>8}")
     ratios = []
     for r in rows_out:
         b = r["best"]
@@ -334,9 +379,11 @@ def main(argv=None) -> int:
         ratios.append(r["cusparse_ms"] / b["ms"])
         cs = r.get("sparsec_csr_ms")
         hy = r.get("sparsec_hyb_ms")
+        co = r.get("compiled", {}).get("ms")
         print(f"{r['case']:<22} {r['feat']:>3} {r['max_row']:>7} {ratios[-1]:6.2f} {b['e']:>4} {b['wpb']:>3} "
               f"{b['u']:>2} {'%.2f' % (r['cusparse_ms'] / cs) if cs else '-':>6} "
-              f"{'%.2f' % (r['cusparse_ms'] / hy) if hy else '-':>6}")
+              f"{'%.2f' % (r['cusparse_ms'] / hy) if hy else '-':>6} "
+              f"{'%.2f' % (r['cusparse_ms'] / co) if co else '-':>8}")
     if ratios:
         print(f"csr_split geomean x{math.exp(np.mean(np.log(ratios))):.2f} cuSPARSE, min x{min(ratios):.2f}")
     return 1 if wrong else 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from . import bsr_dispatch, cpu, cuda, tensorcore, tensorcore_packed, tensorcore_sddmm
+from . import bsr_dispatch, cpu, csr_split, cuda, tensorcore, tensorcore_packed, tensorcore_sddmm
 from .knobs import ANY, Transformation, group
 
 TARGET_KINDS = ("llvm", "cuda")
@@ -50,5 +50,7 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Op
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]
     if tensorcore_sddmm.applies(program, target_kind, knobs):
         return [Use(tensorcore_sddmm.bsr_tensorcore_sddmm, (ANY,), (program,))]
+    if csr_split.applies(program, target_kind, knobs):
+        return [Use(csr_split.csr_split_spmm, (ANY,), (program,))]
     steps = cpu.plan(program) if target_kind == "llvm" else cuda.plan(program)
     return [Use(t, shapes, nests) for t, shapes, nests in group(steps)]

@@ -105,7 +105,7 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     layout = tensor_core_layout(fmt, program.dtype.sparse)
     if layout is None:
         return None
-    found = _spmm_structure(program)
+    found = spmm_structure(program)
     if found is None:
         return None
     b_name, c_name, bias, activation, feat, transpose_c, bias_axis, dtypes = found
@@ -148,7 +148,7 @@ def match(program, target_kind: str, kc: Optional[int] = None,
                       skew if layout == "bsr_blocks" else None)
 
 
-def _spmm_structure(program):
+def spmm_structure(program):
     """(B, C, bias or None, activation, feature count, transposed C, bias axis, declared
     dtypes by buffer name) when the operator is an SpMM with at most a bias / activation
     epilogue and no other operand, else None."""

@@ -22,8 +22,8 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import (bsr_dispatch, default_cpu, default_cuda, finalize_cuda, segment_contract, tensorcore,
-                        tensorcore_packed, tensorcore_sddmm)
+from .schedules import (bsr_dispatch, csr_split, default_cpu, default_cuda, finalize_cuda, segment_contract,
+                        tensorcore, tensorcore_packed, tensorcore_sddmm)
 from .targets import parse_target
 
 UNROLL_MODES = ("explicit", "pragma")
@@ -101,6 +101,9 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     elif tensorcore_sddmm.applies(program, spec.kind, knobs):  # block SDDMM fp16/bf16 on Tensor Cores
         sch, used = tensorcore_sddmm.schedule(program, **(knobs or {}))
         mod, config = sch.mod, tensorcore_sddmm.PASS_CONFIG
+    elif csr_split.applies(program, spec.kind, knobs):  # CSR fp32 SpMM, the entries split over warps
+        mod, used = csr_split.schedule(program, **knobs)
+        params = [ParamSpec(*p) for p in csr_split.kernel_params(program)]
     else:
         sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
         template = default_cpu if spec.kind == "llvm" else default_cuda

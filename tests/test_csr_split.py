@@ -1,0 +1,96 @@
+"""schedules.csr_split: the CSR SpMM whose warps split the stored entries, not the rows. On
+the CPU: its row search and its two launches replayed step by step against scipy (hub rows,
+empty rows at both ends and inside, rows longer than many warps' ranges, an empty matrix),
+the capability check (any CSR-like SpMM in float32 with no epilogue, reached by its knobs),
+the refusals, and nvcc on the CUDA TVM emits. On the GPU: benchmarks/probe_csr_split.py
+--compiled checks and times the compiled kernel."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparsec.schedules import csr_split as cs
+
+
+def _edge_matrices():
+    rng = np.random.default_rng(0)
+    m = sp.random(3000, 2000, density=0.003, format="lil", random_state=1, dtype=np.float32)
+    m[:3, :] = 0  # leading empty rows
+    m[1000:1010, :] = 0
+    m[2990:, :] = 0  # trailing empty rows
+    m[77, :1900] = rng.standard_normal(1900)  # a hub row over many warps' ranges
+    m[78, 100:1500] = rng.standard_normal(1400)
+    yield "hub", m.tocsr()
+    yield "empty", sp.csr_matrix((50, 30), dtype=np.float32)
+    yield "one-row", sp.csr_matrix(rng.standard_normal((1, 4000)).astype(np.float32))
+    yield "tall", sp.random(20000, 40, density=0.002, format="csr", random_state=3, dtype=np.float32)
+    power = sp.random(4000, 4000, density=0.0005, format="lil", random_state=5, dtype=np.float32)
+    power[rng.choice(4000, 8, replace=False), :] = rng.standard_normal((8, 4000)) * (rng.random((8, 4000)) < 0.5)
+    yield "power-law", power.tocsr()
+
+
+@pytest.mark.parametrize("entries", cs.KNOBS["entries_per_warp"])
+def test_the_two_launches_replayed_give_the_product(entries):
+    """Every row written (NaN-poisoned start), equal to the float64 product."""
+    rng = np.random.default_rng(entries)
+    for name, m in _edge_matrices():
+        B = rng.standard_normal((m.shape[1], 7)).astype(np.float32)
+        got = cs.replay(m.indptr, m.indices, m.data, B, entries)
+        ref = m.astype(np.float64) @ B.astype(np.float64)
+        assert np.isfinite(got).all(), name
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max(initial=0))),
+                                   err_msg=name)
+
+
+def test_row_search_finds_the_row_holding_each_entry():
+    """The 32-ary search equals ``searchsorted(indptr, p, 'right') - 1``: the last row starting
+    at or before the entry, past any empty rows."""
+    for _, m in _edge_matrices():
+        rows = m.shape[0]
+        for p in np.unique(np.r_[0, m.indptr[1:-1], np.linspace(0, max(m.nnz - 1, 0), 37).astype(int)]):
+            if p >= m.nnz:
+                continue
+            assert cs.row_of(m.indptr, rows, int(p)) == np.searchsorted(m.indptr, p, "right") - 1
+
+
+def test_compile_takes_it_by_its_knobs_on_a_user_operator():
+    """A CSR SpMM written in the DSL (not the library's) reaches the kernel by its knob, with
+    the others at their defaults; without one the CUDA-core template runs."""
+    import sparsec
+    from sparsec import formats
+    from dense_ops import _spmm
+
+    m = sp.random(300, 200, density=0.05, format="csr", random_state=2, dtype=np.float32)
+    inst = formats.convert(m, "csr")
+    mine, *_ = _spmm("my_spmm", "C = A @ B, written by a user")
+    k = sparsec.compile(mine, inst, target="cuda", feat=40, knobs={"entries_per_warp": 256})
+    assert k.knobs == {"entries_per_warp": 256, "warps_per_block": 4, "loads_ahead": 4}
+    assert [(p.name, p.dtype) for p in k.params] == [("indptr", "int32"), ("indices", "int32"), ("A", "float32"),
+                                                      ("B", "float32"), ("C", "float32")]
+    src = k.source()
+    assert "__ballot_sync" in src and "atomicAdd" in src and src.count("__global__ void") >= 2
+    assert "__ballot_sync" not in sparsec.compile("spmm", inst, target="cuda", feat=40).source()
+
+
+def test_refusals_name_the_knob_and_the_problem():
+    import sparsec
+    from sparsec import formats
+
+    inst = formats.convert(sp.random(100, 80, density=0.05, format="csr", random_state=4, dtype=np.float32), "csr")
+    with pytest.raises(ValueError, match="entries_per_warp should be one of"):
+        sparsec.compile("spmm", inst, target="cuda", feat=32, knobs={"entries_per_warp": 100})
+    with pytest.raises(ValueError, match=r"knob \['vec'\] does not apply"):
+        sparsec.compile("spmm", inst, target="cuda", feat=32, knobs={"entries_per_warp": 64, "vec": 2})
+    with pytest.raises(ValueError, match="entries_per_warp"):  # float16: the CUDA-core template's knobs only
+        sparsec.compile("spmm", inst, target="cuda", feat=32, dtype="float16", knobs={"entries_per_warp": 64})
+    with pytest.raises(ValueError, match="feat should be at most 512"):
+        cs.plan(1024, 64, 4, 4)
+
+
+def test_nvcc_compiles_what_tvm_emits():
+    """The two launches' CUDA for widths under, at and over one warp's 32 lanes."""
+    from nvcc_tools import nvcc_sources
+    from sparsec.schedules.warp_mma import cuda_source
+
+    sources = {(f, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=2)) for f in (20, 64)}
+    for key, (ok, output) in nvcc_sources(sources).items():
+        assert ok, (key, output[-2000:])
