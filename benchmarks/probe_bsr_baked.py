@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -31,7 +30,7 @@ import numpy as np
 import _preamble  # noqa: F401,E402
 
 from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
-from probe_bsr_lean import cases  # noqa: E402
+from probe_bsr_lean import MMA_BLOCK, cases, write_summary  # noqa: E402
 
 KERNEL = r"""
 #include <cuda_fp16.h>
@@ -48,7 +47,7 @@ constexpr int MT = BR / 16, KS = BC / 16, THREADS = W * 32, AP = BC + 8;
 #define MARK(k)
 #define GMARK(k)
 #endif
-""" + MMA_HELPERS + r"""
+""" + MMA_HELPERS + MMA_BLOCK + r"""
 // block row br: the blocks Q0, Q0 + 1, ... (columns COLS...), columns [f0, f0 + FW) of B and C
 template <int FW, int Q0, int... COLS>
 __device__ __forceinline__ void row(const half* __restrict__ values, const half* __restrict__ B,
@@ -91,26 +90,7 @@ __device__ __forceinline__ void row(const half* __restrict__ values, const half*
 #pragma unroll
   for (int g = 0; g < PER; ++g) {
     if (warp + g * W < CNT) {
-      const unsigned sa = smem_addr(mine + g * SLOT), sb = smem_addr(mine + g * SLOT + BR * AP);
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          unsigned a[4];
-          ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
-#pragma unroll
-          for (int t = 0; t + 1 < NTW; t += 2) {
-            unsigned b[4];
-            ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * PW + t * 8 + lane / 16 * 8) * 2);
-            mma16816(acc[m][t], a, b[0], b[1]);
-            mma16816(acc[m][t + 1], a, b[2], b[3]);
-          }
-          if (NTW % 2) {
-            unsigned b[2];
-            ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * PW + (NTW - 1) * 8) * 2);
-            mma16816(acc[m][NTW - 1], a, b[0], b[1]);
-          }
-        }
+      mma_block<NTW, PW>(acc, smem_addr(mine + g * SLOT), smem_addr(mine + g * SLOT + BR * AP), lane);
     }
   }
   const int gq = lane / 4, t4 = lane % 4;
@@ -316,13 +296,7 @@ def main(argv=None) -> int:
                   f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
             if "timeline" in row:
                 print("   timeline:", json.dumps(row["timeline"]), flush=True)
-    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
-    with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
-    sp_ = [r["speedup"] for r in rows_out if r["speedup"]]
-    print(f"\n{torch.cuda.get_device_name()}: {len(rows_out)} cases, {wrong} wrong; geomean "
-          f"x{math.exp(np.mean(np.log(sp_))):.3f} min x{min(sp_):.3f}; below 1.0x: {sum(s < 1 for s in sp_)}")
-    return 1 if wrong else 0
+    return write_summary(rows_out, args.out)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,34 @@ import _preamble  # noqa: F401,E402
 
 from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
 
+MMA_BLOCK = r"""
+// one stored block's product into a warp's accumulators: the block (BR x BC, rows AP halves
+// apart) at shared address sa, B's BC rows for it (NTW 8-column tiles, rows PW halves apart)
+// at sb; every 16-row tile of the block, ldmatrix + mma.m16n8k16
+template <int NTW, int PW>
+__device__ __forceinline__ void mma_block(float (&acc)[MT][NTW][4], unsigned sa, unsigned sb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      unsigned a[4];
+      ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
+#pragma unroll
+      for (int t = 0; t + 1 < NTW; t += 2) {
+        unsigned b[4];
+        ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * PW + t * 8 + lane / 16 * 8) * 2);
+        mma16816(acc[m][t], a, b[0], b[1]);
+        mma16816(acc[m][t + 1], a, b[2], b[3]);
+      }
+      if (NTW % 2) {
+        unsigned b[2];
+        ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * PW + (NTW - 1) * 8) * 2);
+        mma16816(acc[m][NTW - 1], a, b[0], b[1]);
+      }
+    }
+}
+"""
+
 SOURCE = r"""
 #include <cuda_fp16.h>
 #ifndef SPLIT
@@ -63,7 +91,7 @@ constexpr int B_HALVES = KP * BPITCH;
 #define LIVE 0   // 1: only the warps that took blocks store and add partial tiles (row_part)
 #endif
 
-""" + MMA_HELPERS + r"""
+""" + MMA_HELPERS + MMA_BLOCK + r"""
 
 // C's rows of block row br, columns [f0, f0 + FW): the sum of PARTS partial BR x FW tiles
 // laid one after another at red (shared memory), four floats a thread at a time
@@ -240,26 +268,7 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
     for (int g = 0; g < G; ++g) {
       const int i = warp + (r * G + g) * W;
       if (i < cnt) {
-        const unsigned sa = smem_addr(mine + g * SLOTW), sb = smem_addr(mine + g * SLOTW + BR * AP);
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            unsigned a[4];
-            ldm_x4(a, sa + ((m * 16 + lane % 16) * AP + kk * 16 + lane / 16 * 8) * 2);
-#pragma unroll
-            for (int t = 0; t + 1 < NTW; t += 2) {
-              unsigned b[4];
-              ldm_x4_t(b, sb + ((kk * 16 + lane % 16) * PW + t * 8 + lane / 16 * 8) * 2);
-              mma16816(acc[m][t], a, b[0], b[1]);
-              mma16816(acc[m][t + 1], a, b[2], b[3]);
-            }
-            if (NTW % 2) {
-              unsigned b[2];
-              ldm_x2_t(b, sb + ((kk * 16 + lane % 16) * PW + (NTW - 1) * 8) * 2);
-              mma16816(acc[m][NTW - 1], a, b[0], b[1]);
-            }
-          }
+        mma_block<NTW, PW>(acc, smem_addr(mine + g * SLOTW), smem_addr(mine + g * SLOTW + BR * AP), lane);
       }
     }
     __syncwarp();
@@ -388,6 +397,21 @@ def cases():
                                 random_shapes=((384, 384),), sparsities=(0.7, 0.9)):
         out.append((name, w.astype(np.float16), b))
     return out
+
+
+def write_summary(rows_out, path: str) -> int:
+    """Write the rows (and the count of wrong variants) to ``path``, print the geomean, min and
+    cases below dense of the best ratios; 1 when a variant was wrong (the exit code)."""
+    import torch
+
+    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
+    with open(path, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    sp_ = [r["speedup"] for r in rows_out if r["speedup"]]
+    if sp_:
+        print(f"\n{torch.cuda.get_device_name()}: {len(rows_out)} cases, {wrong} wrong variants; geomean "
+              f"x{math.exp(np.mean(np.log(sp_))):.3f} min x{min(sp_):.3f}; below 1.0x: {sum(s < 1 for s in sp_)}")
+    return 1 if wrong else 0
 
 
 def main(argv=None) -> int:
@@ -522,13 +546,7 @@ def main(argv=None) -> int:
                   f"x{row.get('bsr_lean_speedup', 0):.2f} gather x{row.get('bsr_gather_speedup', 0):.2f} "
                   f"split x{row.get('bsr_split_speedup', 0):.2f} ksplit x{row.get('bsr_ksplit_speedup', 0):.2f} "
                   f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
-    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
-    with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
-    sp_ = [r["speedup"] for r in rows_out if r["speedup"]]
-    print(f"\n{torch.cuda.get_device_name()}: {len(rows_out)} cases, {wrong} wrong variants; geomean "
-          f"x{math.exp(np.mean(np.log(sp_))):.3f} min x{min(sp_):.3f}; below 1.0x: {sum(s < 1 for s in sp_)}")
-    return 1 if wrong else 0
+    return write_summary(rows_out, args.out)
 
 
 if __name__ == "__main__":
