@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from typing import Optional
 
 from .knobs import ANY, Knob, check_applicable, transformation
-from .tensorcore_packed import spmm_structure
+from .spmm_structure import spmm_structure
 from .warp_mma import check_knobs, check_sizes, compile_for
 
 # the default first: the probe's most frequent best setting (probe_csr_split_H200.json: 64
