@@ -15,7 +15,7 @@ weights, where dense cuBLAS takes ~3 us and every kernel sparsec builds lost at 
   pruned weight's dense rows then spread over several SMs while light rows read A once.
 * ``bsr_ksplit`` (``--ksplit``, ``--only-ksplit``): a row of more than T stored blocks cut
   into chunks of T over CTAs, the partial tiles through an fp32 workspace, added by the CTA
-  that counts last on the row's counter (no CTA waits on another). Measured: 1.5-2 us slower
+  that counts last on the row's counter (no CTA waits on another). Measured: 0.9-1.9 us slower
   than ``bsr_gather`` on MiniLM's layers at 64 columns (``results/probe_bsr_ksplit_H200``).
 
     SPARSEC_DATA_DIR=.data python3 benchmarks/probe_bsr_lean.py [--lean] [--ksplit | --only-ksplit]
