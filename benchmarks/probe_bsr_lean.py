@@ -326,6 +326,99 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_split(
   else if (s == 0) row_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
 }
 
+// bsr_cols: warps own columns, not blocks. A CTA takes a block row (a row of ``heavy`` or more
+// blocks: FW = F / SPLIT of its columns, CTA (row, s)); all threads copy up to CH of its blocks
+// and B's rows for them at once; warp (cg, kg) multiplies columns [16 cg, 16 cg + 16) of the
+// CTA's FW for the blocks kg, kg + KG, ... (KG = W / (FW / 16) warps a column group); the KG
+// warps of a group add their tiles in shared memory (KG = 1: none, C stored from registers).
+// Fewer partial tiles than bsr_gather's W (its reduction: ~500 + ~450 cycles of a 16 x 64
+// tile's CTA, probe_bsr_baked --timeline).
+#ifndef CH
+#define CH 32
+#endif
+template <int FW>
+__device__ __forceinline__ void cols_part(const half* __restrict__ values, const int* __restrict__ indices,
+                                          const half* __restrict__ B, float* __restrict__ C, int M, int K,
+                                          int br, int q0, int cnt, int f0, unsigned char* smem) {
+  constexpr int CG = FW / 16, KG = W / CG, PW = FW + 8, SLOTW = BR * AP + BC * PW, RP = FW + 8;
+  static_assert(KG >= 1 && KG * CG == W, "W a multiple of the CTA's 16-column groups");
+  half* slots = reinterpret_cast<half*>(smem);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int cg = warp % CG, kg = warp / CG;
+  float acc[MT][2][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < 2; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
+  for (int c0 = 0; c0 < cnt; c0 += CH) {
+    const int n = min(CH, cnt - c0);
+    if (c0 > 0) __syncthreads();  // the chunk before is multiplied: its slots may be overwritten
+    for (int e = tid; e < n * (BR * BC / 8); e += THREADS) {  // the blocks
+      const int i = e / (BR * BC / 8), x = e % (BR * BC / 8);
+      cp_async16(smem_addr(slots + i * SLOTW + (x / (BC / 8)) * AP + (x % (BC / 8)) * 8),
+                 values + (size_t)(q0 + c0 + i) * (BR * BC) + x * 8, 16);
+    }
+    for (int e = tid; e < n * (BC * FW / 8); e += THREADS) {  // B's rows for them
+      const int i = e / (BC * FW / 8), x = e % (BC * FW / 8);
+      const int k = __ldg(indices + q0 + c0 + i) * BC + x / (FW / 8);
+      cp_async16(smem_addr(slots + i * SLOTW + BR * AP + (x / (FW / 8)) * PW + (x % (FW / 8)) * 8),
+                 B + (size_t)min(k, K - 1) * F + f0 + (x % (FW / 8)) * 8, k < K ? 16 : 0);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    for (int i = kg; i < n; i += KG)
+      mma_block<2, PW>(acc, smem_addr(slots + i * SLOTW), smem_addr(slots + i * SLOTW + BR * AP + cg * 16), lane);
+  }
+  const int gq = lane / 4, t4 = lane % 4;
+  if (KG == 1) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = br * BR + m * 16 + gq + h * 8;
+          if (row < M)
+            *reinterpret_cast<float2*>(C + (size_t)row * F + f0 + cg * 16 + t * 8 + t4 * 2) =
+                make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+        }
+    return;
+  }
+  float* red = reinterpret_cast<float*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(red + (kg * BR + m * 16 + gq + h * 8) * RP + cg * 16 + t * 8 + t4 * 2) =
+            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  __syncthreads();
+  for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
+    const int rr = e / FW, cc = e % FW;
+    float4 sum = *reinterpret_cast<const float4*>(red + rr * RP + cc);
+#pragma unroll
+    for (int q = 1; q < KG; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
+      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    }
+    const int row = br * BR + rr;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + cc) = sum;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) bsr_cols(
+    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
+    const half* __restrict__ B, float* __restrict__ C, int M, int K, int heavy) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int br = blockIdx.x, s = blockIdx.y;
+  const int q0 = indptr[br];
+  const int cnt = indptr[br + 1] - q0;
+  if (SPLIT > 1 && cnt >= heavy) cols_part<F / SPLIT>(values, indices, B, C, M, K, br, q0, cnt, s * (F / SPLIT), smem);
+  else if (s == 0) cols_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
+}
+
 // bsr_ksplit: a row of more than T stored blocks is cut into chunks of T blocks, CTA (row, s)
 // taking chunk s (CTAs past the row's chunks exit); a row of at most T blocks is one CTA's,
 // stored directly. A chunk's partial tile goes to ws[row * S + s] (fp32, through L2); the
@@ -376,6 +469,7 @@ def gather_smem_bytes(br, bc, f, w, g):
 
 LEAN = False  # time bsr_lean too (--lean)
 KSPLIT = False  # time bsr_ksplit too (--ksplit)
+COLS = False  # time bsr_cols too (--cols)
 RPAD_, LIVE_ = 0, 0  # --rpad, --live: row_part's partial tiles padded, and summed over the warps that took blocks
 ONLY_KSPLIT = False
 
@@ -420,12 +514,14 @@ def main(argv=None) -> int:
     ap.add_argument("--lean", action="store_true", help="also B resident (bsr_lean; r1 and r2 timed it)")
     ap.add_argument("--feats", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--rpad", type=int, default=0, help="floats of padding a row of the warps' partial tiles")
+    ap.add_argument("--cols", action="store_true", help="also warps owning columns (bsr_cols)")
     ap.add_argument("--live", action="store_true", help="sum only the partial tiles of warps that took blocks")
     ap.add_argument("--cases", nargs="+", help="only the cases whose name contains one of these")
     ap.add_argument("--ksplit", action="store_true", help="also long rows split over K (bsr_ksplit)")
     ap.add_argument("--only-ksplit", action="store_true", help="bsr_gather and bsr_ksplit only (no bsr_split)")
     args = ap.parse_args(argv)
-    global LEAN, KSPLIT, ONLY_KSPLIT, RPAD_, LIVE_
+    global LEAN, KSPLIT, ONLY_KSPLIT, RPAD_, LIVE_, COLS
+    COLS = args.cols
     RPAD_, LIVE_ = args.rpad, int(args.live)
     ONLY_KSPLIT = args.only_ksplit
     LEAN = args.lean
@@ -471,6 +567,15 @@ def main(argv=None) -> int:
                     for split in (2, 4):
                         out.append(("bsr_split", dict(br=block, bc=block, f=feat, w=w, g=g, kp=block, split=split),
                                     gather_smem_bytes(block, block, feat, w, g)))
+        if COLS and feat % 16 == 0:
+            for w in (4, 8, 16):
+                for split in (1, 2, 4):
+                    if w % (feat // 16) or w % max(feat // split // 16, 1) or feat // split < 16:
+                        continue
+                    ch = {16: 32, 32: 16}.get(block, 8)  # blocks copied at once: up to ~150 KB
+                    out.append(("bsr_cols", dict(br=block, bc=block, f=feat, w=w, kp=block, split=split, ch=ch),
+                                max(ch * (block * (block + 8) + block * (feat + 8)) * 2,
+                                    (w // max(feat // split // 16, 1)) * block * (feat + 8) * 4)))
         if mt * feat // 8 <= 16 and KSPLIT:
             for w in (4, 8):
                 for g in (1, 2):
@@ -504,7 +609,9 @@ def main(argv=None) -> int:
                 nbr = bsr.indptr.size - 1
                 mean = max(1, -(-int(lengths.sum()) // nbr))
                 chunk_sizes = sorted({mean, 2 * mean, max(1, int(lengths.max()) // 4), max(1, int(lengths.max()) // 2)})
-                for heavy in (heavies if kname == "bsr_split" else [None]):
+                hv = heavies if kname == "bsr_split" or (kname == "bsr_cols" and p["split"] > 1) else (
+                    heavies[:1] if kname == "bsr_cols" else [None])  # bsr_cols takes heavy even unsplit
+                for heavy in hv:
                   for T in (chunk_sizes if kname == "bsr_ksplit" else [None]):
                     if T:
                         S = -(-int(lengths.max()) // T)
@@ -535,7 +642,7 @@ def main(argv=None) -> int:
             best = min(good, key=lambda x: x["us"]) if good else None
             row["best"] = best
             row["speedup"] = row["dense_us"] / best["us"] if best else None
-            for kname in ("bsr_lean", "bsr_gather", "bsr_split", "bsr_ksplit"):
+            for kname in ("bsr_lean", "bsr_gather", "bsr_split", "bsr_ksplit", "bsr_cols"):
                 mine = [x for x in good if x["kernel"] == kname]
                 if mine:
                     row[f"{kname}_speedup"] = row["dense_us"] / min(x["us"] for x in mine)
@@ -545,6 +652,7 @@ def main(argv=None) -> int:
                   f"{ {k: best.get(k) for k in ('kernel', 'w', 'g', 'split', 'heavy', 'chunk')} if best else 'NONE OK'} lean "
                   f"x{row.get('bsr_lean_speedup', 0):.2f} gather x{row.get('bsr_gather_speedup', 0):.2f} "
                   f"split x{row.get('bsr_split_speedup', 0):.2f} ksplit x{row.get('bsr_ksplit_speedup', 0):.2f} "
+                  f"cols x{row.get('bsr_cols_speedup', 0):.2f} "
                   f"wrong {sum(not x['ok'] for x in row['variants'])}", flush=True)
     return write_summary(rows_out, args.out)
 
