@@ -154,8 +154,9 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     """A rule fitted to the H200 probe's sweep (``probe_bsr_bulk_r3_H200.json``: 54 cases,
     every variant timed; this rule's pick is within 4.5 % of each case's best on geomean,
     41 % at worst). B's columns split in two at 32+ columns where there are fewer than 64
-    block rows or the blocks have 64 rows; a block row's stored blocks split across a cluster of 4 where the row moves
-    12K+ halves (its blocks and B's rows for them) and the grid stays under 400 CTAs; two
+    block rows or the blocks have 64 rows; a block row's stored blocks split across a
+    cluster of 4 where the row moves 12K+ halves (its blocks and B's rows for them) and the
+    grid stays under 400 CTAs; two
     warps a 16-row tile up to 32-row blocks, one for 64; four blocks a stage on walks of 24+
     blocks, two on walks of 2+ (64-row blocks: one). ``rows`` x ``cols`` default to 4096 x
     4096; ``fixed``: knobs already chosen.
