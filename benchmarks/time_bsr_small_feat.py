@@ -27,17 +27,30 @@ import _preamble  # noqa: F401,E402  (the one preamble: checkout root and benchm
 from _helpers import make_timed  # noqa: E402
 
 
-def sweep_knobs(bs: int, feat: int):
-    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns. Where ``bsr_ring``
+def sweep_knobs(bs: int, feat: int, cols: int = 4096):
+    """The sweep's knob sets for blocks of ``bs`` and ``feat`` columns of B on a matrix of
+    ``cols`` columns. On short rows (``bsr_gather``'s region): its warps, blocks a warp,
+    column splits and the row length they start at. Where ``bsr_ring``
     takes them (a multiple of 8 columns up to 64): its consumer warps, stages x blocks a
     stage, cluster sizes and column splits (the grid ``probe_bsr_bulk.py`` timed). Other
     widths up to ``bsr_stream.MAX_FEAT`` columns (the streaming kernel): warps and cluster sizes around
     the default, and two pipeline depths. Wider (the block-row template): narrow N tiles
     (more thread blocks), two pipeline depths and every ``k_split`` (warp groups that share
     a block row's blocks), those the template accepts."""
-    from sparsec.schedules import bsr_ring, bsr_stream
+    from sparsec.schedules import bsr_dispatch, bsr_gather, bsr_ring, bsr_stream
     from sparsec.schedules import tensorcore as tc
 
+    if cols < bsr_dispatch.BSR_STREAM_MIN_COLS and bsr_gather.takes((bs, bs), feat):  # bsr_gather's region
+        out = []
+        for warps, per_warp, split, heavy in itertools.product((4, 8), (2, 4), (1, 2, 4), (4, 8, 16)):
+            knobs = {"warps": warps, "per_warp": per_warp, "split": split, "heavy": heavy}
+            try:
+                bsr_gather.plan((bs, bs), feat, **knobs)
+            except ValueError:
+                continue
+            if split > 1 or heavy == 4:  # heavy only matters where rows are split
+                out.append(knobs)
+        return out
     if bsr_ring.takes((bs, bs), feat):  # the producer/consumer kernel: the probe's grid
         mt = bs // 16
         out = []
@@ -216,13 +229,15 @@ def main():
             keep_partial(rows, [])
     sweep = []
     if args.sweep:  # each knob set completed for each case's shape, compiled once, checked on its first case
-        from sparsec.schedules import bsr_ring, bsr_stream
+        from sparsec.schedules import bsr_dispatch, bsr_ring, bsr_stream
 
         built = {}
         for (name, dense, b), feat in itertools.product(suite_cases(args.quick, args.cases), args.feats):
             A = formats.convert(dense, f"bsr:{b}x{b}")
-            for knobs in sweep_knobs(b, feat):
-                if bsr_ring.takes((b, b), feat):  # complete as sparsec.compile would (all swept: none left)
+            for knobs in sweep_knobs(b, feat, dense.shape[1]):
+                if set(knobs) & bsr_dispatch.GATHER_ONLY:
+                    pass  # bsr_gather's sets name all its knobs
+                elif bsr_ring.takes((b, b), feat):  # complete as sparsec.compile would (all swept: none left)
                     knobs = bsr_ring.default_knobs((b, b), feat, *dense.shape, A.nnz / dense.size, fixed=knobs)
                 elif feat <= bsr_stream.MAX_FEAT:  # the knobs not swept follow the case, as sparsec.compile's do
                     knobs = bsr_stream.default_knobs((b, b), feat, *dense.shape, A.nnz / dense.size, fixed=knobs)
