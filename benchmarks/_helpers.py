@@ -1,5 +1,5 @@
-"""What the GPU sweep scripts (time_spmm.py, time_sddmm.py) share: loading a cached graph
-with fresh values, sparsec.bench's timer, and the wrong-result report.
+"""What the GPU scripts share: loading a cached graph
+with fresh values, sparsec.bench's timer, the wrong-result report and a probe's result file.
 Imported by scripts after ``_preamble``."""
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ def make_timed(device: str):
         return timer.measure([lambda x=x: fn(x) for x in inputs]).median_ms
 
     return timed
+
+
+def write_probe_rows(path: str, rows, more_wrong: int = 0) -> int:
+    """A probe's result file, ``{"device": the GPU's name, "rows": rows, "wrong": n}``; returns
+    n, its rows' variants that failed their check plus ``more_wrong``."""
+    import json
+
+    import torch
+
+    wrong = sum(not x["ok"] for r in rows for x in r.get("variants", ())) + more_wrong
+    with open(path, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "wrong": wrong}, fh, indent=1)
+    return wrong
 
 
 def report_wrong(rows) -> int:

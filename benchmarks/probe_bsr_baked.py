@@ -30,7 +30,7 @@ import numpy as np
 import _preamble  # noqa: F401,E402
 
 from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
-from probe_bsr_lean import MMA_BLOCK, cases, write_summary  # noqa: E402
+from probe_bsr_lean import MMA_BLOCK, cases, check_then_time, write_summary  # noqa: E402
 
 KERNEL = r"""
 #include <cuda_fp16.h>
@@ -93,32 +93,18 @@ __device__ __forceinline__ void row(const half* __restrict__ values, const half*
       mma_block<NTW, PW>(acc, smem_addr(mine + g * SLOT), smem_addr(mine + g * SLOT + BR * AP), lane);
     }
   }
-  const int gq = lane / 4, t4 = lane % 4;
   float* red = reinterpret_cast<float*>(smem);
   constexpr int RP = FW + RPAD;                     // floats a row of a partial tile (RPAD: off the banks)
   MARK(3);
   __syncthreads();
   MARK(4);
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int t = 0; t < NTW; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * RP + t * 8 + t4 * 2) =
-            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  store_partial<NTW>(red + warp * BR * RP, acc, RP, 0, lane);
   MARK(5);
   __syncthreads();
   MARK(6);
   for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
-    const int rr = e / FW, cc = e % FW;
-    float4 s = *reinterpret_cast<const float4*>(red + rr * RP + cc);
-#pragma unroll
-    for (int q = 1; q < W; ++q) {
-      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    const int r = br * BR + rr;
+    const float4 s = sum_partial<FW, RP, W>(red, W, e);
+    const int r = br * BR + e / FW, cc = e % FW;
     if (r < M) {
       __half2 lo = __floats2half2_rn(s.x, s.y), hi = __floats2half2_rn(s.z, s.w);
       uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
@@ -274,12 +260,7 @@ def main(argv=None) -> int:
                     with torch_stream():
                         kern(grid, threads, (vals, cp.asarray(bs[i]), cp.asarray(outs[i]), np.int32(M), np.int32(K),
                                              no_timeline), shared_mem=sm)
-                for i in range(len(bs)):
-                    call(i)
-                torch.cuda.synchronize()
-                err = max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, ref))
-                ok = bool(err < 2e-3) and not any(bool(torch.isnan(o).any()) for o in outs)
-                tm = timer.measure([lambda i=i: call(i) for i in range(len(bs))]) if ok else None
+                ok, err, tm = check_then_time(call, outs, ref, 2e-3, timer)
                 row["variants"].append({"w": w, "split": split, "heavy": heavy, "smem": sm, "ok": ok, "err": err,
                                         "us": tm.median_ms * 1e3 if tm else None})
             good = [x for x in row["variants"] if x["ok"]]

@@ -87,6 +87,20 @@ RING_PROLOGUE = r"""
   const int nst = (cnt + G - 1) / G;  // stages to fill
 """
 
+# the consumer warps' start: their 16-row tile and columns, zeroed accumulators, and the walk over
+# the stages, each waited on (probe_bsr_tma.py shares it)
+CONSUMER_HEAD = r"""
+  } else {
+    const int mi = warp % MT, grp = warp / MT;
+    const int n0 = grp * NTW * 8;
+    float acc[NTW][4];
+#pragma unroll
+    for (int j = 0; j < NTW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < nst; ++j) {
+      const int s = j % D;
+      mbar_wait(full0 + 8 * s, (j / D) & 1);
+"""
+
 # the consumers' partial tiles to C: stored directly, or (a cluster of S) summed through distributed
 # shared memory, each CTA adding an S-th of the elements (probe_bsr_tma.py shares it)
 WRITE_BACK = r"""
@@ -214,16 +228,7 @@ bsr_bulk(const int* __restrict__ indptr, const int* __restrict__ indices, const 
       }
       asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
     }
-  } else {
-    const int mi = warp % MT, grp = warp / MT;
-    const int n0 = grp * NTW * 8;
-    float acc[NTW][4];
-#pragma unroll
-    for (int j = 0; j < NTW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int j = 0; j < nst; ++j) {
-      const int s = j % D;
-      mbar_wait(full0 + 8 * s, (j / D) & 1);
-#pragma unroll
+""" + CONSUMER_HEAD + r"""#pragma unroll
       for (int g = 0; g < G; ++g) {
         if (j * G + g < cnt) {
           const half* st = stages + s * STAGE_HALVES + g * BLOCK_HALVES;

@@ -29,7 +29,6 @@ timer beside ``torch.matmul`` (B rotated over copies).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -37,6 +36,8 @@ import sys
 import numpy as np
 
 import _preamble  # noqa: F401,E402
+
+from _helpers import write_probe_rows  # noqa: E402
 
 from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
 
@@ -65,6 +66,37 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NTW][4], unsigned sa,
         mma16816(acc[m][NTW - 1], a, b[0], b[1]);
       }
     }
+}
+// a warp's accumulators (every 16-row tile, NTW 8-column tiles) into its partial tile at red:
+// row r at red + r * RP, its columns from col0
+template <int NTW>
+__device__ __forceinline__ void store_partial(float* red, const float (&acc)[MT][NTW][4], int RP, int col0,
+                                              int lane) {
+  const int gq = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int t = 0; t < NTW; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(red + (m * 16 + gq + h * 8) * RP + col0 + t * 8 + t4 * 2) =
+            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+}
+
+// elements [e, e + 4) (one row) of the sum of the first ``parts`` (at most MAXP) partial
+// BR x FW tiles laid one after another at red, rows RP floats apart
+template <int FW, int RP, int MAXP>
+__device__ __forceinline__ float4 sum_partial(const float* red, int parts, int e) {
+  const int rr = e / FW, cc = e % FW;
+  float4 s = *reinterpret_cast<const float4*>(red + rr * RP + cc);
+#pragma unroll
+  for (int q = 1; q < MAXP; ++q) {
+    if (q < parts) {
+      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+  }
+  return s;
 }
 """
 
@@ -273,21 +305,11 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
     }
     __syncwarp();
   }
-  const int gq = lane / 4, t4 = lane % 4;
   float* red = reinterpret_cast<float*>(smem);
   constexpr int RP = FW + RPAD;
   const int parts = LIVE ? max(1, min(W, cnt)) : W;  // warp w took blocks iff w < cnt
   __syncthreads();
-  if (warp < parts) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int t = 0; t < NTW; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float2*>(red + (warp * BR + m * 16 + gq + h * 8) * RP + t * 8 + t4 * 2) =
-              make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
-  }
+  if (warp < parts) store_partial<NTW>(red + warp * BR * RP, acc, RP, 0, lane);
   __syncthreads();
   if (RPAD == 0 && !LIVE) {
     if (part == nullptr) sum_partials<FW, W>(red, C, M, br, f0);
@@ -295,15 +317,10 @@ __device__ __forceinline__ void row_part(const half* __restrict__ values, const 
     return;
   }
   for (int e = threadIdx.x * 4; e < BR * FW; e += THREADS * 4) {
-    const int rr = e / FW, cc = e % FW;
-    float4 sum = *reinterpret_cast<const float4*>(red + rr * RP + cc);
-    for (int q = 1; q < parts; ++q) {
-      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
-      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-    }
+    const float4 sum = sum_partial<FW, RP, W>(red, parts, e);
     if (part != nullptr) { __stcg(reinterpret_cast<float4*>(part + e), sum); continue; }
-    const int row = br * BR + rr;
-    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + cc) = sum;
+    const int row = br * BR + e / FW;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + e % FW) = sum;
   }
 }
 
@@ -315,16 +332,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) bsr_gather(
   row_part<F>(values, indices, B, C, M, K, blockIdx.x, q0, indptr[blockIdx.x + 1] - q0, 0, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) bsr_split(
-    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
-    const half* __restrict__ B, float* __restrict__ C, int M, int K, int heavy) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int br = blockIdx.x, s = blockIdx.y;
-  const int q0 = indptr[br];
-  const int cnt = indptr[br + 1] - q0;
-  if (cnt >= heavy) row_part<F / SPLIT>(values, indices, B, C, M, K, br, q0, cnt, s * (F / SPLIT), smem);
-  else if (s == 0) row_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
-}
+// a kernel whose CTA (row, s) runs PART on columns [s F / SPLIT, (s + 1) F / SPLIT) of a row of
+// ``heavy`` or more stored blocks, and on all F of a shorter row (s = 0; the others exit)
+#define SPLIT_KERNEL(NAME, PART)                                                                              \
+  extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                                 \
+      const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,       \
+      const half* __restrict__ B, float* __restrict__ C, int M, int K, int heavy) {                           \
+    extern __shared__ __align__(128) unsigned char smem[];                                                    \
+    const int br = blockIdx.x, s = blockIdx.y;                                                                \
+    const int q0 = indptr[br];                                                                                \
+    const int cnt = indptr[br + 1] - q0;                                                                      \
+    if (SPLIT > 1 && cnt >= heavy) PART<F / SPLIT>(values, indices, B, C, M, K, br, q0, cnt, s * (F / SPLIT), smem); \
+    else if (s == 0) PART<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);                              \
+  }
+SPLIT_KERNEL(bsr_split, row_part)
 
 // bsr_cols: warps own columns, not blocks. A CTA takes a block row (a row of ``heavy`` or more
 // blocks: FW = F / SPLIT of its columns, CTA (row, s)); all threads copy up to CH of its blocks
@@ -386,38 +407,15 @@ __device__ __forceinline__ void cols_part(const half* __restrict__ values, const
   }
   float* red = reinterpret_cast<float*>(smem);
   __syncthreads();
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(red + (kg * BR + m * 16 + gq + h * 8) * RP + cg * 16 + t * 8 + t4 * 2) =
-            make_float2(acc[m][t][h * 2], acc[m][t][h * 2 + 1]);
+  store_partial<2>(red + kg * BR * RP, acc, RP, cg * 16, lane);
   __syncthreads();
   for (int e = tid * 4; e < BR * FW; e += THREADS * 4) {
-    const int rr = e / FW, cc = e % FW;
-    float4 sum = *reinterpret_cast<const float4*>(red + rr * RP + cc);
-#pragma unroll
-    for (int q = 1; q < KG; ++q) {
-      const float4 v = *reinterpret_cast<const float4*>(red + (q * BR + rr) * RP + cc);
-      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-    }
-    const int row = br * BR + rr;
-    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + cc) = sum;
+    const int row = br * BR + e / FW;
+    if (row < M) *reinterpret_cast<float4*>(C + (size_t)row * F + f0 + e % FW) = sum_partial<FW, RP, KG>(red, KG, e);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) bsr_cols(
-    const int* __restrict__ indptr, const int* __restrict__ indices, const half* __restrict__ values,
-    const half* __restrict__ B, float* __restrict__ C, int M, int K, int heavy) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int br = blockIdx.x, s = blockIdx.y;
-  const int q0 = indptr[br];
-  const int cnt = indptr[br + 1] - q0;
-  if (SPLIT > 1 && cnt >= heavy) cols_part<F / SPLIT>(values, indices, B, C, M, K, br, q0, cnt, s * (F / SPLIT), smem);
-  else if (s == 0) cols_part<F>(values, indices, B, C, M, K, br, q0, cnt, 0, smem);
-}
+SPLIT_KERNEL(bsr_cols, cols_part)
 
 // bsr_ksplit: a row of more than T stored blocks is cut into chunks of T blocks, CTA (row, s)
 // taking chunk s (CTAs past the row's chunks exit); a row of at most T blocks is one CTA's,
@@ -493,14 +491,25 @@ def cases():
     return out
 
 
+def check_then_time(call, outs, refs, tol: float, timer):
+    """Every ``call(i)`` on its NaN-poisoned output ``outs[i]``, the worst relative error against
+    the float64 ``refs``; then, where all are right, the calls timed: (ok, error, timing or None)."""
+    import torch
+
+    for i in range(len(outs)):
+        call(i)
+    torch.cuda.synchronize()
+    err = max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, refs))
+    ok = bool(err < tol) and not any(bool(torch.isnan(o).any()) for o in outs)
+    return ok, err, (timer.measure([lambda i=i: call(i) for i in range(len(outs))]) if ok else None)
+
+
 def write_summary(rows_out, path: str) -> int:
     """Write the rows (and the count of wrong variants) to ``path``, print the geomean, min and
     cases below dense of the best ratios; 1 when a variant was wrong (the exit code)."""
     import torch
 
-    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
-    with open(path, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    wrong = write_probe_rows(path, rows_out)
     sp_ = [r["speedup"] for r in rows_out if r["speedup"]]
     if sp_:
         print(f"\n{torch.cuda.get_device_name()}: {len(rows_out)} cases, {wrong} wrong variants; geomean "
@@ -628,12 +637,7 @@ def main(argv=None) -> int:
                         with torch_stream():
                             kern(grid, threads, (indptr, indices, vals, cp.asarray(bs[i]), cp.asarray(outs[i]),
                                                  np.int32(M), np.int32(K)) + extra, shared_mem=sm)
-                    for i in range(len(bs)):
-                        call(i)
-                    torch.cuda.synchronize()
-                    err = max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, ref))
-                    ok = bool(err < 1e-3) and not any(bool(torch.isnan(o).any()) for o in outs)
-                    tm = timer.measure([lambda i=i: call(i) for i in range(len(bs))]) if ok else None
+                    ok, err, tm = check_then_time(call, outs, ref, 1e-3, timer)
                     row["variants"].append({"kernel": kname, **{k: v for k, v in p.items() if k in ("w", "g", "split")},
                                             "heavy": heavy, "chunk": T, "smem": sm, "ok": ok, "err": err,
                                             "us": tm.median_ms * 1e3 if tm else None,

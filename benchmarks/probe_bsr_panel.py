@@ -39,13 +39,14 @@ output, then timed with sparsec's timer beside ``torch.matmul`` (fp16 dense) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
 
 import _preamble  # noqa: F401,E402
+
+from _helpers import write_probe_rows  # noqa: E402
 
 from probe_bsr_bulk import MMA_HELPERS  # noqa: E402
 
@@ -363,9 +364,7 @@ def main(argv=None) -> int:
             print(f"{name:<26} N={feat:2d} dense {dense_ms * 1e3 if timed else float('nan'):6.2f} us  panel "
                   f"{best['ms'] * 1e3 if best else float('nan'):6.2f} us x{best['ratio'] if best else 0:.2f}  gather "
                   f"x{gather['ratio'] if gather else 0:.2f}  wrong {wrong}/{len(row['variants'])}", flush=True)
-    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
-    with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    wrong = write_probe_rows(args.out, rows_out)
     print(f"\n{torch.cuda.get_device_name()}: {wrong} wrong variants; best bsr_panel per case (ratio = dense / ours)")
     print(f"{'case':<26} {'N':>3} {'cs':>3} {'st':>3} {'kch':>4} {'panel us':>9} {'dense us':>9} {'ratio':>6} "
           f"{'gather':>7}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import math
 import os
 import sys
@@ -43,7 +42,10 @@ import numpy as np
 
 import _preamble  # noqa: F401,E402
 
-from probe_bsr_bulk import MBAR_HELPERS, MMA_HELPERS, RING_PROLOGUE, WRITE_BACK, random_bsr  # noqa: E402
+from _helpers import write_probe_rows  # noqa: E402
+
+from probe_bsr_bulk import (CONSUMER_HEAD, MBAR_HELPERS, MMA_HELPERS, RING_PROLOGUE, WRITE_BACK,  # noqa: E402
+                            random_bsr)
 from probe_bsr_bulk import SOURCE as BULK_SOURCE  # noqa: E402
 
 SOURCE = r"""
@@ -127,16 +129,7 @@ bsr_tma(const int* __restrict__ indptr, const int* __restrict__ indices, unsigne
       }
       __syncwarp();
     }
-  } else {
-    const int mi = warp % MT, grp = warp / MT;
-    const int n0 = grp * NTW * 8;
-    float acc[NTW][4];
-#pragma unroll
-    for (int j = 0; j < NTW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int j = 0; j < nst; ++j) {
-      const int s = j % D;
-      mbar_wait(full0 + 8 * s, (j / D) & 1);
-      const unsigned st = base + s * STAGE_BYTES;
+""" + CONSUMER_HEAD + r"""      const unsigned st = base + s * STAGE_BYTES;
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         if (j * G + g < cnt) {
@@ -388,9 +381,7 @@ def main(argv=None) -> int:
             print(f"{name:<26} N={feat:2d} dense {dense_ms * 1e3 if timed else float('nan'):6.2f} us  tma "
                   f"{t['ms'] * 1e3 if t else float('nan'):6.2f} us x{t['ratio'] if t else 0:.2f}  cp.async "
                   f"{'x%.2f' % b['ratio'] if b else '-'}  wrong {wrong}/{len(row['variants'])}", flush=True)
-    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
-    with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    wrong = write_probe_rows(args.out, rows_out)
     print(f"\n{torch.cuda.get_device_name()}: {wrong} wrong variants; best per case (ratio = dense / ours)")
     print(f"{'case':<26} {'N':>3} {'tma us':>7} {'ratio':>6} {'knobs':<34} {'cp.async':>8} {'dense us':>8}")
     ratios = []

@@ -31,7 +31,6 @@ times it beside the CUDA original with the original's best knobs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -40,6 +39,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import _preamble  # noqa: F401,E402
+
+from _helpers import write_probe_rows  # noqa: E402
 
 SOURCE = r"""
 // NFEAT features (32, 64 or 128: VEC = NFEAT / 32 floats a lane), EPW entries a warp, UNR loads of B in flight
@@ -360,10 +361,8 @@ def main(argv=None) -> int:
                   f"{b['ms'] * 1e3 if b else float('nan'):8.2f} us  cuSPARSE "
                   f"{row.get('cusparse_ms', float('nan')) * 1e3:8.2f} us  wrong {wrong}/{len(row['variants'])}",
                   flush=True)
-    wrong = sum(not x["ok"] for r in rows_out for x in r["variants"])
-    wrong += sum(not c["ok"] for r in rows_out for c in r.get("compiled", {}).get("checks", []))
-    with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out, "wrong": wrong}, fh, indent=1)
+    wrong = write_probe_rows(args.out, rows_out,
+                             sum(not c["ok"] for r in rows_out for c in r.get("compiled", {}).get("checks", [])))
     print(f"\n{torch.cuda.get_device_name()}: {wrong} wrong variants; ratios = cuSPARSE / ours")
     print(f"{'case':<22} {'F':>3} {'max row':>7} {'split':>6} {'E':>4} {'wpb':>3} {'U':>2} {'csr':>6} {'hyb':>6} "
           f"{'compiled':>8}")

@@ -78,7 +78,7 @@ def replay(indptr, indices, values, B, entries_per_warp: int = 64):
     rows, E = len(indptr) - 1, entries_per_warp
     B = np.asarray(B, dtype=np.float32)
     C = np.full((rows, B.shape[1]), np.nan, dtype=np.float32)  # every row written by someone
-    stored = int(indptr[rows]) if rows >= 0 else 0
+    stored = int(indptr[rows])
     carries = []
     for w in range(-(-len(indices) // E)):
         p0, p1 = w * E, min(w * E + E, stored, len(indices))
@@ -154,7 +154,9 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
         carry_row = T.alloc_buffer((T.max(warps, 1),), "int32", scope="global")
         with T.launch_thread("blockIdx.x", T.max((warps + W - 1) // W, 1)) as bx, \
                 T.launch_thread("threadIdx.y", W) as ty, T.launch_thread("threadIdx.x", 32) as lane:
-            st = T.alloc_buffer((8,), "int32", scope="local")  # lo, hi, row, first row of ends, ends, row end, more
+            # the walk's state: lo, hi (the search), row, first row of the ends held, this lane's
+            # row end, the row's end, a flag (or the search's ballot), the search's spacing
+            st = T.alloc_buffer((8,), "int32", scope="local")
             acc = T.alloc_buffer((V,), "float32", scope="local")
             bv = T.alloc_buffer((U * V,), "float32", scope="local")
             av = T.alloc_buffer((U,), "float32", scope="local")
@@ -271,7 +273,7 @@ def match(program) -> Optional[int]:
     if found is None:
         return None
     _, _, bias, activation, feat, transpose_c, _, declared = found
-    if bias is not None or activation != "none" or transpose_c or declared or feat > MAX_FEAT:
+    if bias is not None or activation != "none" or transpose_c or declared:  # feat: plan() refuses by name
         return None
     return feat
 

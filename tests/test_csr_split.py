@@ -83,7 +83,7 @@ def test_refusals_name_the_knob_and_the_problem():
     with pytest.raises(ValueError, match="entries_per_warp"):  # float16: the CUDA-core template's knobs only
         sparsec.compile("spmm", inst, target="cuda", feat=32, dtype="float16", knobs={"entries_per_warp": 64})
     with pytest.raises(ValueError, match="feat should be at most 512"):
-        cs.plan(1024, 64, 4, 4)
+        sparsec.compile("spmm", inst, target="cuda", feat=1024, knobs={"entries_per_warp": 64})
 
 
 def test_nvcc_compiles_what_tvm_emits():
