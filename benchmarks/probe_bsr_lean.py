@@ -105,6 +105,9 @@ SOURCE = r"""
 #ifndef SPLIT
 #define SPLIT 1
 #endif
+#ifndef G
+#define G 1   // blocks a warp copies per round (bsr_cols copies CH blocks a CTA instead)
+#endif
 // BR x BC blocks, F columns of B, W warps (MT = BR / 16 row tiles x WB block groups), G blocks
 // a warp copies per round, KP rows of B resident (K rounded up to BC)
 constexpr int MT = BR / 16;
