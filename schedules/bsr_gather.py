@@ -34,6 +34,7 @@ from .stream_mma import PAD, mma_ops
 from .warp_mma import check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
+FEW_BLOCK_ROWS = 32  # from 64 columns: at most this many block rows split a long row 4 ways
 KNOBS = {"warps": (8, 4, 2, 16), "per_warp": (4, 2, 1), "split": (1, 2, 4), "heavy": (1, 2, 4, 8, 16, 32)}
 MAX_FEAT = 64
 MAX_TILES = 16  # 16 x 8 accumulator tiles a warp holds (64 registers)
@@ -89,21 +90,30 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int) ->
 
 
 def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float = 0.3, fixed=None) -> dict:
-    """The probe's best sets (``probe_bsr_lean_r3_H200.json``): 8 warps with 4 blocks each on
-    16-row blocks, 4 warps otherwise; from 32 columns a row of 1.5x the mean stored blocks
-    or more split 4 ways on 16-row blocks, 2 ways on larger; below 32 columns, 2 ways on
-    blocks of 32 rows or more and none on 16 (MiniLM's 384-column weights at 16 columns:
+    """The probes' best sets. 8 warps with 4 blocks each on 16-row blocks, 4 warps
+    otherwise (``probe_bsr_lean_r3_H200.json``). Below 32 columns a long row is split 2 ways
+    on blocks of 32 rows or more and not on 16 (MiniLM's 384-column weights at 16 columns:
     split=2 beat split=1 in 11 of 12 cases of 32- and 64-row blocks and in none of 6 of
-    16-row blocks, ``results/bsr_small_feat_gather_H200.json``). ``fixed``: knobs already
-    chosen."""
+    16-row blocks, ``results/bsr_small_feat_gather_H200.json``); from 32 columns 4 ways on
+    16-row blocks, 2 on larger, with a row of 1.5x the mean stored blocks or more counted
+    long. From 64 columns a row of the mean or more (at least 4) counted long, split 4 ways
+    where there are at most ``FEW_BLOCK_ROWS`` block rows (the CTAs are few) and 2 ways
+    otherwise: within 1.11x of the best of 28 sets on 9 MiniLM cases, against up to 1.41x
+    for the 32-column rule (``results/sweep_bsr_gather64_H200.json``; 4 ways on the 48
+    block rows of FFN-in 32x32 70 % took it from 1.0x to 0.86x dense,
+    ``results/bsr_small_feat_H200.json``). ``fixed``: knobs already chosen."""
     r, c = (int(b) for b in block)
     fixed = dict(fixed or {})
     cols = cols or 4096
     mean = max(-(-cols // c), 1) * max(min(float(density), 1.0), 0.0)
-    heavy = next((h for h in KNOBS["heavy"] if h >= 1.5 * mean), KNOBS["heavy"][-1])
+    if feat >= 64:
+        split = 4 if rows and -(-rows // r) <= FEW_BLOCK_ROWS else 2
+        heavy = max(4, next((h for h in KNOBS["heavy"] if h >= mean), KNOBS["heavy"][-1]))
+    else:
+        split = (4 if r == 16 else 2) if feat >= 32 else (1 if r == 16 else 2)
+        heavy = next((h for h in KNOBS["heavy"] if h >= 1.5 * mean), KNOBS["heavy"][-1])
     knobs = {"warps": fixed.get("warps", 8 if r == 16 else 4), "per_warp": fixed.get("per_warp", 4),
-             "split": fixed.get("split", (4 if r == 16 else 2) if feat >= 32 else (1 if r == 16 else 2)),
-             "heavy": fixed.get("heavy", heavy)}
+             "split": fixed.get("split", split), "heavy": fixed.get("heavy", heavy)}
     if feat % (8 * knobs["split"]) and "split" not in fixed:
         knobs["split"] = 1
     while knobs["per_warp"] > 1 and "per_warp" not in fixed:

@@ -75,12 +75,16 @@ def test_defaults_fit_and_follow_the_matrix():
                 continue
             kn = bg.default_knobs(block, feat, 1536, 384, 0.3)
             bg.plan(block, feat, **kn)
-    assert bg.default_knobs((16, 16), 64, 1536, 384, 0.3)["split"] == 4
+    assert bg.default_knobs((16, 16), 64, 384, 384, 0.3)["split"] == 4
     assert bg.default_knobs((16, 16), 16, 1536, 384, 0.3)["split"] == 1
     assert bg.default_knobs((32, 32), 16, 1536, 384, 0.3)["split"] == 2
     assert bg.default_knobs((32, 32), 8, 1536, 384, 0.3)["split"] == 1  # 4 columns a CTA: not a whole MMA
-    assert bg.default_knobs((16, 16), 64, 1536, 384, 0.3)["heavy"] == 16  # mean 7.2 stored blocks
-    assert bg.default_knobs((16, 16), 64, 1536, 384, 0.1)["heavy"] == 4  # mean 2.4
+    assert bg.default_knobs((16, 16), 32, 1536, 384, 0.3)["heavy"] == 16  # mean 7.2 stored blocks
+    assert bg.default_knobs((16, 16), 32, 1536, 384, 0.1)["heavy"] == 4  # mean 2.4
+    assert bg.default_knobs((16, 16), 64, 1536, 384, 0.3)["heavy"] == 8  # from 64 columns: the mean
+    assert bg.default_knobs((32, 32), 64, 1536, 384, 0.1)["heavy"] == 4  # mean 1.2, at least 4
+    assert bg.default_knobs((32, 32), 64, 1536, 384, 0.3)["split"] == 2  # 48 block rows: CTAs enough
+    assert bg.default_knobs((32, 32), 64, 384, 384, 0.3)["split"] == 4  # 12 block rows
     assert bg.default_knobs((64, 128), 16, 512, 4096, 0.3, fixed={"warps": 16})["per_warp"] < 4
 
 
@@ -142,8 +146,8 @@ def test_default_dispatch_by_row_length_and_width(shape, density, feat, target, 
 
 def test_compile_picks_it_for_a_short_row_matrix_at_16_columns():
     """The whole path: a 1536 x 384 block-pruned weight at 16 columns compiles to this kernel
-    with its default knobs (no knob given), at 64 columns too (B's columns split 4 ways on a
-    long row), at 128 columns to the block-row template."""
+    with its default knobs (no knob given), at 64 columns too (B's columns split 2 ways on a
+    long row: 96 block rows), at 128 columns to the block-row template."""
     import sparsec
     from sparsec import formats
 
@@ -154,5 +158,5 @@ def test_compile_picks_it_for_a_short_row_matrix_at_16_columns():
     assert set(k16.knobs) == set(bg.KNOBS) and k16.knobs["split"] == 1
     assert "mma.sync" in k16.source() and "mbarrier" not in k16.source()
     k64 = sparsec.compile("spmm", inst, target="cuda", feat=64)
-    assert set(k64.knobs) == set(bg.KNOBS) and k64.knobs["split"] == 4
+    assert set(k64.knobs) == set(bg.KNOBS) and k64.knobs["split"] == 2
     assert not set(sparsec.compile("spmm", inst, target="cuda", feat=128).knobs) & set(bg.KNOBS)
