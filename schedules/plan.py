@@ -33,14 +33,17 @@ class Use:
 
 
 def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Optional[Tuple[int, int]] = None,
-              density: Optional[float] = None, clusters: bool = True) -> List[Use]:
+              density: Optional[float] = None, clusters: bool = True,
+              rows: Optional[Tuple[int, float]] = None) -> List[Use]:
     """The transformations the default schedule applies to ``program`` on ``target_kind``
     ("llvm" or "cuda"); ``knobs`` as far as they decide the template (the Tensor Core
     template's ``n_tile``, a CUDA-core knob that keeps an SDDMM off Tensor Cores);
     ``shape`` and ``density`` (stored entries per element) of the matrix a kernel is
     compiled for, where they decide it as they do in ``sparsec.compile`` (BSR float16 at few
     columns: ``bsr_ring``, ``bsr_stream`` or the block-row template); ``clusters``: the CUDA
-    arch has thread-block clusters (sm_90 on), as ``sparsec.compile`` reads it off the target."""
+    arch has thread-block clusters (sm_90 on), as ``sparsec.compile`` reads it off the target;
+    ``rows``: (the longest row's stored entries, the mean), where they decide it (CSR float32
+    SpMM on skewed rows: ``csr_split``)."""
     if target_kind not in TARGET_KINDS:
         raise ValueError(f"target_kind should be one of {TARGET_KINDS}, got {target_kind!r}")
     packed = tensorcore_packed.match(program, target_kind, shape=shape, density=density, clusters=clusters)
@@ -50,7 +53,7 @@ def templates(program, target_kind: str, knobs: Optional[dict] = None, shape: Op
         return [Use(tensorcore.bsr_tensorcore, (ANY,), (program,))]
     if tensorcore_sddmm.applies(program, target_kind, knobs):
         return [Use(tensorcore_sddmm.bsr_tensorcore_sddmm, (ANY,), (program,))]
-    if csr_split.applies(program, target_kind, knobs):
+    if csr_split.applies(program, target_kind, knobs, rows):
         return [Use(csr_split.csr_split_spmm, (ANY,), (program,))]
     steps = cpu.plan(program) if target_kind == "llvm" else cuda.plan(program)
     return [Use(t, shapes, nests) for t, shapes, nests in group(steps)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import tvm
@@ -101,8 +101,8 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
     elif tensorcore_sddmm.applies(program, spec.kind, knobs):  # block SDDMM fp16/bf16 on Tensor Cores
         sch, used = tensorcore_sddmm.schedule(program, **(knobs or {}))
         mod, config = sch.mod, tensorcore_sddmm.PASS_CONFIG
-    elif csr_split.applies(program, spec.kind, knobs):  # CSR fp32 SpMM, the entries split over warps
-        mod, used = csr_split.schedule(program, **knobs)
+    elif csr_split.applies(program, spec.kind, knobs, row_lengths(instance)):  # CSR fp32, entries over warps
+        mod, used = csr_split.schedule(program, **(knobs or {}))
         params = [ParamSpec(*p) for p in csr_split.kernel_params(program)]
     else:
         sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
@@ -125,15 +125,20 @@ def _density(inst) -> Optional[float]:
     return inst.nnz / elements if elements else 0.0
 
 
-def _row_skew(inst) -> Optional[float]:
-    """The longest row's stored entries over the mean, by the matrix's ``indptr`` (a BSR
-    matrix's block rows; None without one): a real pruned weight's rows are uneven, and the
-    longest walk sets a few-column kernel's time."""
+def row_lengths(inst) -> Optional[Tuple[int, float]]:
+    """(the longest row's stored entries, the mean) by the matrix's ``indptr`` (a BSR
+    matrix's block rows; None without one or with no rows): a real matrix's rows are
+    uneven, and the longest walk sets the time of a kernel that gives a row one group."""
     if not isinstance(inst, FormatInstance) or "indptr" not in inst.arrays:
         return None
     lengths = np.diff(np.asarray(inst.arrays["indptr"], dtype=np.int64))
-    mean = float(lengths.mean()) if lengths.size else 0.0
-    return float(lengths.max()) / mean if mean > 0 else None
+    return (int(lengths.max()), float(lengths.mean())) if lengths.size else None
+
+
+def _row_skew(inst) -> Optional[float]:
+    """The longest row's stored entries over the mean (None without rows or entries)."""
+    rows = row_lengths(inst)
+    return rows[0] / rows[1] if rows and rows[1] > 0 else None
 
 
 def _gathered_row_length(inst) -> Optional[int]:

@@ -1,7 +1,8 @@
 """schedules.csr_split: the CSR SpMM whose warps split the stored entries, not the rows. On
 the CPU: its row search and its two launches replayed step by step against scipy (hub rows,
 empty rows at both ends and inside, rows longer than many warps' ranges, an empty matrix),
-the capability check (any CSR-like SpMM in float32 with no epilogue, reached by its knobs),
+the capability check (any CSR-like SpMM in float32 with no epilogue, reached by its knobs,
+the default on skewed rows),
 the refusals, and nvcc on the CUDA TVM emits. On the GPU: benchmarks/probe_csr_split.py
 --compiled checks and times the compiled kernel."""
 import numpy as np
@@ -69,6 +70,32 @@ def test_compile_takes_it_by_its_knobs_on_a_user_operator():
     src = k.source()
     assert "__ballot_sync" in src and "atomicAdd" in src and src.count("__global__ void") >= 2
     assert "__ballot_sync" not in sparsec.compile("spmm", inst, target="cuda", feat=40).source()
+
+
+def test_the_default_on_skewed_rows_only():
+    """Without knobs a matrix with a hub row (``skewed``: 512+ entries, 64x the mean) gets the
+    split kernel and its default knobs; an even matrix, a template knob, a feature count over
+    its limit or float16 keep the CUDA-core template."""
+    import sparsec
+    from sparsec import formats
+
+    rng = np.random.default_rng(6)
+    hub = sp.random(5000, 3000, density=0.001, format="lil", random_state=6, dtype=np.float32)
+    hub[17, :2500] = rng.standard_normal(2500)
+    hub = formats.convert(hub.tocsr(), "csr")
+    even = formats.convert(sp.random(5000, 3000, density=0.01, format="csr", random_state=7, dtype=np.float32),
+                           "csr")
+    assert cs.skewed(2500, 3.5) and not cs.skewed(2500, 50.0) and not cs.skewed(300, 1.0)
+    k = sparsec.compile("spmm", hub, target="cuda:sm_90a", feat=32)
+    assert k.knobs == {k: v[0] for k, v in cs.KNOBS.items()} and "__ballot_sync" in k.source()
+    source = k.extra.get("knobs_source", "")  # the learned default defers to the rule: the log never ran it
+    assert source.startswith("default") and ("csr_split" in source or "no tuning log" in source), source
+    for inst, kw in ((even, {}), (hub, {"knobs": {"vec": 1}}), (hub, {"feat": 1024}),
+                     (hub, {"dtype": "float16"})):
+        kw = {"feat": 32, **kw}
+        got = sparsec.compile("spmm", inst, target="cuda:sm_90a", **kw)
+        assert "entries_per_warp" not in got.knobs and "__ballot_sync" not in got.source(), kw
+    assert "entries_per_warp" not in sparsec.compile("spmm", hub, target="llvm", feat=32).knobs
 
 
 def test_refusals_name_the_knob_and_the_problem():

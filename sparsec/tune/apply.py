@@ -113,7 +113,7 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
         if len(cases) < MIN_CASES:
             return {}, (f"default: the tuning log has {len(cases)} case(s) of {mine} for {op}, {dtype}: too few "
                         f"(under {MIN_CASES}) to trust the model's pick over the rule")
-        why = outside_range(model, ctx.stats)
+        why = outside_range(model, ctx.stats) or _rule_beyond_log(op, inst, feat, target, dtype, ours)
         if why:
             return {}, f"default: {why}"
         knobs = model_schedule_knobs(op, inst, feat, target, dtype, path, records, model_of=lambda m=model: m,
@@ -121,6 +121,27 @@ def learned_schedule_knobs(op: str, inst, feat: Optional[int], target: str, dtyp
         if knobs is not None:
             return knobs, "model"
     return {}, f"default: the tuning log has no winning configuration of {mine} for {op}, {dtype} at feat={feat}"
+
+
+def _rule_beyond_log(op: str, inst, feat: int, target: str, dtype: str, records) -> Optional[str]:
+    """Why the rule answers before the model (None where it does not): for this matrix the
+    rule schedules with transformations none of whose knobs any logged record of the format
+    set -- a kernel the log never measured, such as ``csr_split`` on skewed rows, which the
+    model's pick among the measured configurations would pass over."""
+    from ..build import row_lengths
+    from ..targets import parse_target
+    from .space import schedule_uses
+
+    logged = {k for r in records for k in r.schedule_knobs}
+    try:
+        uses = schedule_uses(op, inst.format.spec, feat, dtype, parse_target(target).kind, rows=row_lengths(inst))
+    except (ValueError, TypeError, KeyError):  # a spec the lowering cannot take alone: the model decides
+        return None
+    theirs = {k for u in uses for k in u.knobs}
+    if not logged or not theirs or theirs & logged:
+        return None
+    names = ", ".join(sorted({u.transformation.name for u in uses}))
+    return f"for this matrix the rule takes {names}, whose knobs the tuning log has not searched"
 
 
 MIN_CASES = 5  # logged (matrix, width) cases of a format the model must have seen to pick its knobs

@@ -82,13 +82,14 @@ def feature_slices(feat: int) -> List[int]:
 
 @lru_cache(maxsize=256)
 def schedule_uses(op: str, spec: str, feat: int, dtype: str, target_kind: str, shape=None, density=None,
-                  clusters: bool = True):
+                  clusters: bool = True, rows=None):
     """The transformations (``schedules.plan.Use``) that schedule ``op`` over the format
     ``spec`` at width ``feat`` on ``target_kind``, read off the lowered program; ``shape``
     and ``density``: of the matrix, where the template depends on it (BSR float16);
-    ``clusters``: the CUDA arch has thread-block clusters (sm_90 on)."""
+    ``clusters``: the CUDA arch has thread-block clusters (sm_90 on); ``rows``: (the longest
+    row's stored entries, the mean), where the template depends on them (CSR float32)."""
     program = lower_flat(ops.get(op), make_format(spec), {"feat": feat}, dtype, atomics=target_kind == "cuda")
-    return tuple(templates(program, target_kind, shape=shape, density=density, clusters=clusters))
+    return tuple(templates(program, target_kind, shape=shape, density=density, clusters=clusters, rows=rows))
 
 
 def candidate(op: str, fmt: str, feat: int, dtype: str = "float32", format_knobs=None, schedule_knobs=None) -> dict:
