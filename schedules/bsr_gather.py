@@ -49,8 +49,16 @@ def red_pitch(fw: int) -> int:
     return fw if fw % 16 == 8 else fw + 8
 
 
+def held_columns(feat: int, split: int, heavy: int) -> int:
+    """Columns of B a CTA holds accumulators for: a share of them when every row is split
+    (``heavy`` = 1: an empty row's CTAs write their shares of zeros too), else all ``feat``
+    (a light row takes every column in one CTA)."""
+    return feat // split if heavy == 1 else feat
+
+
 def takes(block, feat: int) -> bool:
-    """Whether the kernel takes blocks of this shape at ``feat`` columns of B."""
+    """Whether the kernel takes blocks of this shape at ``feat`` columns of B with every
+    column in one CTA (the defaults' region)."""
     r, c = (int(b) for b in block)
     return (r % 16 == 0 and 16 <= r <= 64 and c % 16 == 0 and 16 <= c <= 128 and 8 <= feat <= MAX_FEAT
             and feat % 8 == 0 and r // 16 * feat // 8 <= MAX_TILES)
@@ -71,10 +79,11 @@ def plan(block, feat: int, warps: int, per_warp: int, split: int, heavy: int) ->
     if feat % (8 * split):
         raise ValueError(f"split={split} leaves a CTA {feat / split:g} of feat={feat} columns, not a multiple of 8")
     mt = r // 16
-    if mt * feat // 8 > MAX_TILES:
-        raise ValueError(f"a warp holds every row tile of its blocks: {r}-row blocks at {feat} columns make "
-                         f"{mt * feat // 8} accumulator tiles, over {MAX_TILES} (bsr_ring or the block-row "
-                         f"template take them)")
+    held = held_columns(feat, split, heavy)
+    if mt * held // 8 > MAX_TILES:
+        raise ValueError(f"a warp holds every row tile of its blocks: {r}-row blocks at {held} columns a CTA "
+                         f"make {mt * held // 8} accumulator tiles, over {MAX_TILES} (split every row with "
+                         f"heavy=1, or bsr_ring or the block-row template take them)")
     p = SimpleNamespace(r=r, c=c, feat=feat, W=warps, G=per_warp, S=split, H=heavy, mt=mt, ks=c // 16,
                         apitch=c + PAD, threads=warps * 32)
     p.a_halves = r * p.apitch
@@ -234,7 +243,7 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
                         C[row0 + e // FW, f0 + e % FW] = sum_warps(Red, e // FW * RP + e % FW, red)
         return row_part
 
-    whole = part(feat)
+    whole = part(feat) if held_columns(feat, S, heavy) == feat else None
     share = part(feat // S) if S > 1 else None
 
     @T.prim_func(s_tir=True)
@@ -263,7 +272,7 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         Vs = T.alloc_buffer((p.smem // 2,), "float16", scope="shared.dyn", align=128)
         Red = T.decl_buffer((p.red_floats,), "float32", data=Vs.data, scope="shared.dyn")
         sb = T.alloc_buffer((1,), "uint32", scope="local")
-        acc = T.alloc_buffer((MT * (feat // 8) * 4,), "float32", scope="local")
+        acc = T.alloc_buffer((MT * (held_columns(feat, S, heavy) // 8) * 4,), "float32", scope="local")
         af = T.alloc_buffer((4,), "uint32", scope="local")
         bf = T.alloc_buffer((4,), "uint32", scope="local")
         col = T.alloc_buffer((G,), "int32", scope="local")
@@ -272,7 +281,10 @@ def spmm(block=(16, 16), feat: int = 64, warps: int = 8, per_warp: int = 4, spli
         sb[0] = T.call_extern("uint32", "__cvta_generic_to_shared", Vs.access_ptr("w"))
         rng[0] = T.if_then_else(live, indptr[T.min(bx, n_ptr - 1)], 0)
         rng[1] = T.if_then_else(live, indptr[T.min(bx + 1, n_ptr - 1)], 0) - rng[0]
-        if S == 1:
+        if S > 1 and heavy == 1:  # every row split, an empty one too (its shares of zeros)
+            share(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, rng[0], rng[1], bx * R,
+                  by * (feat // S), ty, tx)
+        elif S == 1:
             whole(sb, acc, af, bf, col, Red, indices, values, B, C, K, M, rng[0], rng[1], bx * R, 0, ty, tx)
         else:
             if rng[1] >= heavy:

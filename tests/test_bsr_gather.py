@@ -14,7 +14,8 @@ from sparsec.schedules.warp_mma import cuda_source
     ((16, 16), 64, {"warps": 8, "per_warp": 4, "split": 4, "heavy": 8}, "sm_90a"),
     ((32, 32), 16, {"warps": 4, "per_warp": 2, "split": 1, "heavy": 8}, "sm_90a"),
     ((48, 16), 40, {"warps": 2, "per_warp": 1, "split": 1, "heavy": 1}, "sm_80"),
-    ((64, 64), 16, {"warps": 4, "per_warp": 2, "split": 2, "heavy": 2}, "sm_80")])
+    ((64, 64), 16, {"warps": 4, "per_warp": 2, "split": 2, "heavy": 2}, "sm_80"),
+    ((64, 64), 64, {"warps": 4, "per_warp": 1, "split": 2, "heavy": 1}, "sm_90a")])
 def test_builds_to_one_round_trip_per_walk_and_mma(block, feat, knobs, arch):
     """16-byte cp.async for each block and B's rows for it (zero-filled past K), one
     wait for a round of them; ldmatrix + mma.m16n8k16 into float32; no CTA barrier inside the
@@ -27,7 +28,7 @@ def test_builds_to_one_round_trip_per_walk_and_mma(block, feat, knobs, arch):
                    ".trans.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"):
         assert needle in ptx, needle
     assert "mbarrier" not in ptx and "barrier.cluster" not in ptx
-    paths = 2 if knobs["split"] > 1 else 1
+    paths = 2 if knobs["split"] > 1 and knobs["heavy"] > 1 else 1  # heavy=1: every row split, one path
     assert src.count("__syncthreads") == 2 * paths
     walk = src[src.index("for (int rd = 0"):]
     walk = walk[:walk.index("__syncthreads")]
@@ -45,6 +46,8 @@ def test_a_long_row_has_its_columns_split_and_a_short_row_is_one_cta():
     short = src.index("if (((int)blockIdx.y) == 0)")
     assert heavy < short
     assert "((int)blockIdx.y) * 16" in src[heavy:short]  # a quarter of the 64 columns
+    every = cuda_source(bg.build((64, 64), 64, warps=4, per_warp=1, split=2, heavy=1))
+    assert "blockIdx.y) == 0" not in every and "((int)blockIdx.y) * 32" in every  # every row halved, an empty one too
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -53,7 +56,8 @@ def test_a_long_row_has_its_columns_split_and_a_short_row_is_one_cta():
     ({"feat": 20}, "feat should be a multiple of 8 up to 64"),
     ({"feat": 72}, "feat should be a multiple of 8 up to 64"),
     ({"feat": 24, "split": 2}, "split=2 leaves a CTA 12 of feat=24 columns"),
-    ({"block": (64, 64), "feat": 64}, "64-row blocks at 64 columns make 32 accumulator tiles"),
+    ({"block": (64, 64), "feat": 64}, "64-row blocks at 64 columns a CTA make 32 accumulator tiles"),
+    ({"block": (64, 64), "feat": 64, "split": 2, "heavy": 2}, "64 columns a CTA make 32 accumulator tiles"),
     ({"warps": 3}, "warps should be one of"),
     ({"split": 3}, "split should be one of"),
     ({"heavy": 0}, "heavy should be a positive int"),
