@@ -107,10 +107,11 @@ def default_knobs(block, feat: int, rows: int = 0, cols: int = 0, density: float
     16-row blocks, 2 on larger, with a row of 1.5x the mean stored blocks or more counted
     long. From 64 columns a row of the mean or more (at least 4) counted long, split 4 ways
     where there are at most ``FEW_BLOCK_ROWS`` block rows (the CTAs are few) and 2 ways
-    otherwise: within 1.11x of the best of 28 sets on 9 MiniLM cases, against up to 1.41x
-    for the 32-column rule (``results/sweep_bsr_gather64_H200.json``; 4 ways on the 48
-    block rows of FFN-in 32x32 70 % took it from 1.0x to 0.86x dense,
-    ``results/bsr_small_feat_H200.json``). ``fixed``: knobs already chosen."""
+    otherwise: within 1.09x of the best of 28 sets on 9 MiniLM cases, against up to 1.17x
+    for the 32-column rule (``results/sweep_bsr_gather64_H200.json``). On the 48 block rows
+    of FFN-in 32x32 70 % 4 ways gave 0.86x dense and 2 ways 0.99x in two suite runs of one
+    session (the second in ``results/bsr_small_feat_H200.json``). ``fixed``: knobs already
+    chosen."""
     r, c = (int(b) for b in block)
     fixed = dict(fixed or {})
     cols = cols or 4096

@@ -121,3 +121,24 @@ def test_nvcc_compiles_what_tvm_emits():
     sources = {(f, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=2)) for f in (20, 64)}
     for key, (ok, output) in nvcc_sources(sources).items():
         assert ok, (key, output[-2000:])
+
+
+def test_the_tuner_searches_its_knobs_where_it_is_the_default():
+    """``sparsec tune``'s space for CSR on skewed rows is this kernel's knob grid (declared by
+    its transformation), each candidate featurized for the cost model; on even rows, the
+    CUDA-core template's."""
+    from sparsec.tune.features import MatrixContext, feature_matrix
+    from sparsec.tune.space import Space
+
+    rng = np.random.default_rng(8)
+    hub = sp.random(5000, 3000, density=0.001, format="lil", random_state=8, dtype=np.float32)
+    hub[5, :2000] = rng.standard_normal(2000)
+    hub = hub.tocsr()
+    cands = Space("spmm", hub, 32, "float32", families=("csr",), target="cuda:sm_90a").format_candidates("csr", {})
+    grid = {(c["schedule_knobs"]["entries_per_warp"], c["schedule_knobs"]["warps_per_block"],
+             c["schedule_knobs"]["loads_ahead"]) for c in cands}
+    assert len(grid) == np.prod([len(v) for v in cs.KNOBS.values()])
+    assert np.isfinite(feature_matrix(cands, MatrixContext(hub))[:, 0]).all()
+    even = sp.random(3000, 3000, density=0.01, format="csr", random_state=9, dtype=np.float32)
+    other = Space("spmm", even, 32, "float32", families=("csr",), target="cuda:sm_90a").format_candidates("csr", {})
+    assert not any("entries_per_warp" in c["schedule_knobs"] for c in other)

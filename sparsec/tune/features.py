@@ -30,6 +30,7 @@ import scipy.sparse as sp
 from sparsec.formats import bsr, ell, hyb, registry
 from sparsec.formats.convert import Canonical, canonical_csr
 from sparsec.schedules import features_over_threads, lane_groups, parallel_rows
+from sparsec.schedules.csr_split import csr_split_spmm
 from sparsec.schedules.cuda import resolve_rows
 from sparsec.schedules.cuda_sddmm import resolve_lanes
 from sparsec.schedules.tensorcore import bsr_tensorcore
@@ -47,7 +48,8 @@ TEMPLATES = {"spmm": (features_over_threads, bsr_tensorcore, parallel_rows, tc_p
 # templates the tuner builds whose own knobs have no columns yet (a column would change
 # FEATURE_NAMES and retire the shipped model): their knobs are accepted, and those that share
 # a name with a modelled knob (warps, stages) fill its column
-UNMODELLED = {"spmm": (tiled_stream_spmm, bsr_stream_spmm, bsr_ring_spmm, bsr_gather_spmm), "sddmm": ()}
+UNMODELLED = {"spmm": (tiled_stream_spmm, bsr_stream_spmm, bsr_ring_spmm, bsr_gather_spmm, csr_split_spmm),
+              "sddmm": ()}
 FAMILIES = ("csr", "hyb", "ell", "bsr")  # formats with format-derived features; others: "other", NaN
 # formats that store a Tensor Core operand packed: a column each (they share their kernels'
 # knob names, so without it the model could not tell 2:4 from vector-wise N:M), the share of

@@ -221,6 +221,10 @@ class Space:
             shape = tuple(int(d) for d in self.matrix.shape)
             return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, shape, self._density(),
                                  self.clusters)
+        if family == "csr":  # skewed rows take csr_split (its knobs searched), as sparsec.compile does
+            rows = (int(self.stats["row_len_max"]), float(self.stats["row_len_mean"]))
+            return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, clusters=self.clusters,
+                                 rows=rows)
         return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, clusters=self.clusters)
 
     def _written(self, knobs: dict, uses, resolve_all: bool = False) -> dict:
