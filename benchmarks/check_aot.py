@@ -35,6 +35,8 @@ MODULES = [
     # bsr_ring with TMA tensor copies: its host code encodes the tensor maps through the
     # runtime's runtime.cuTensorMapEncodeTiled at every call
     ("spmm_bsr32_ring_tma_f16", "spmm", "bsr:32x32", "float16", 64, ["sm_90a"], {"tma": 1}),
+    # csr_split: two launches and a workspace of carries the host code allocates every call
+    ("spmm_csr_split_f32", "spmm", "csr", "float32", 64, ["sm_90a"], {"entries_per_warp": 64}),
     ("spmm_csr_f32_sm80_only", "spmm", "csr", "float32", 64, ["sm_80"], None),
 ]
 
