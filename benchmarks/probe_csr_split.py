@@ -31,6 +31,7 @@ times it beside the CUDA original with the original's best knobs.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -248,6 +249,58 @@ def compiled_kernel(m, feat, bs, refs, scale, best, timer) -> dict:
     return out
 
 
+def compiled_sets(m, feat, bs, refs, scale, sets, timer, built) -> list:
+    """sparsec's csr_split on ``m`` with each knob set of ``sets`` (compiled once per width
+    and set into ``built``: the kernel takes any matrix): each called twice per B on a
+    NaN-poisoned output, checked against float64, and timed where correct."""
+    import torch
+
+    import sparsec
+    from sparsec import formats
+
+    inst = formats.convert(m, "csr")
+    out = []
+    for knobs in sets:
+        key = (feat, tuple(sorted(knobs.items())))
+        if key not in built:
+            built[key] = sparsec.compile("spmm", inst, target="cuda:sm_90a", feat=feat, knobs=knobs)
+        k = built[key]
+        errs = []
+        for b, r, s in zip(bs, refs, scale):
+            for _ in range(2):
+                got = k(inst, b, poison=True)
+                torch.cuda.synchronize()
+                finite = bool(torch.isfinite(got).all())
+                errs.append(float((got.double() - r).abs().max()) / s if r.numel() and finite else
+                            (0.0 if finite else float("inf")))
+        rec = {"knobs": k.knobs, "ok": max(errs) < 1e-4, "err": max(errs), "ms": None}
+        if rec["ok"]:
+            prep = [k.prepare(inst, b)[0] for b in bs]
+            f = k.executable[k.op_name]
+            rec["ms"] = timer.measure([lambda a=a: f(*a) for a in prep]).median_ms
+        out.append(rec)
+    return out
+
+
+def print_sets(rows, sets) -> None:
+    """Each knob set's ratio to cuSPARSE per timed case, and its geomean and minimum."""
+    print(f"{'case':<22} {'F':>3} " + " ".join(f"{'set' + str(i):>6}" for i in range(len(sets))))
+    per = [[] for _ in sets]
+    for r in rows:
+        if "cusparse_ms" not in r or "sets" not in r:
+            continue
+        cells = []
+        for i, c in enumerate(r["sets"]):
+            ratio = r["cusparse_ms"] / c["ms"] if c["ms"] else None
+            if ratio:
+                per[i].append(ratio)
+            cells.append(f"{ratio:6.2f}" if ratio else "  FAIL")
+        print(f"{r['case']:<22} {r['feat']:>3} " + " ".join(cells))
+    for i, (knobs, ratios) in enumerate(zip(sets, per)):
+        if ratios:
+            print(f"set{i} {knobs}: geomean x{math.exp(np.mean(np.log(ratios))):.2f} cuSPARSE, min x{min(ratios):.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", nargs="+", default=["as-22july06", "email-Enron", "cond-mat-2005", "astro-ph",
@@ -258,6 +311,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled", action="store_true",
                     help="also sparsec's compiled csr_split (schedules/csr_split.py, TVM bundle): checked on every "
                          "case with every entries_per_warp, timed with the CUDA probe's best knobs")
+    ap.add_argument("--knob-sets", type=json.loads, default=None,
+                    help="a JSON list of csr_split knob sets: sparsec's compiled kernel with each, checked and timed "
+                         "beside cuSPARSE on every case (the CUDA variants are left out)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_csr_split.json"))
     args = ap.parse_args(argv)
@@ -282,9 +338,11 @@ def main(argv=None) -> int:
             kernels[key] = cp.RawModule(code=SOURCE, options=opts).get_function(name)
         return kernels[key]
 
+    probe_variants = [] if args.knob_sets else variants(args.quick)
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda a: kernel("csr_split", a[0], **a[1]),
-                      [(f, v) for f in args.feats for v in variants(args.quick)]))
+                      [(f, v) for f in args.feats for v in probe_variants]))
+    built = {}
 
     def stream():
         return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
@@ -306,11 +364,12 @@ def main(argv=None) -> int:
             sets = 4 if timed else 1
             bs = [torch.randn(K, feat, device=dev, dtype=torch.float32) for _ in range(sets)]
             refs = [torch.from_numpy(A64 @ b.double().cpu().numpy()).to(dev) for b in bs]
+            scale = [max(float(r.abs().max()), 1e-30) if r.numel() else 1.0 for r in refs]
             row = {"case": name, "shape": [M, K], "nnz": nnz, "max_row": int(lens.max(initial=0)),
                    "empty_rows": int((lens == 0).sum()), "feat": feat, "variants": []}
             if timed:
                 row["cusparse_ms"] = timer.measure([lambda b=b: torch.sparse.mm(A_t, b) for b in bs]).median_ms
-            for v in variants(args.quick):
+            for v in probe_variants:
                 warps = max(-(-nnz // v["e"]), 1)
                 carry = cp.empty((warps, feat), dtype=cp.float32)
                 carry_row = cp.empty((warps,), dtype=cp.int32)
@@ -330,7 +389,6 @@ def main(argv=None) -> int:
                 for i in range(sets):
                     call(i)
                 torch.cuda.synchronize()
-                scale = [max(float(r.abs().max()), 1e-30) if r.numel() else 1.0 for r in refs]
                 err = max((float((o.double() - r).abs().max()) / s if r.numel() else 0.0)
                           for o, r, s in zip(outs, refs, scale))
                 ok = bool(err < 1e-4) and all(bool(torch.isfinite(o).all()) for o in outs)
@@ -354,6 +412,8 @@ def main(argv=None) -> int:
             row["best"] = min(good, key=lambda x: x["ms"]) if good else None
             if args.compiled:
                 row["compiled"] = compiled_kernel(m, feat, bs, refs, scale, row["best"], timer)
+            if args.knob_sets:
+                row["sets"] = compiled_sets(m, feat, bs, refs, scale, args.knob_sets, timer, built)
             rows_out.append(row)
             wrong = sum(not x["ok"] for x in row["variants"])
             b = row["best"]
@@ -362,7 +422,10 @@ def main(argv=None) -> int:
                   f"{row.get('cusparse_ms', float('nan')) * 1e3:8.2f} us  wrong {wrong}/{len(row['variants'])}",
                   flush=True)
     wrong = write_probe_rows(args.out, rows_out,
-                             sum(not c["ok"] for r in rows_out for c in r.get("compiled", {}).get("checks", [])))
+                             sum(not c["ok"] for r in rows_out for c in r.get("compiled", {}).get("checks", []))
+                             + sum(not c["ok"] for r in rows_out for c in r.get("sets", [])))
+    if args.knob_sets:
+        print_sets(rows_out, args.knob_sets)
     print(f"\n{torch.cuda.get_device_name()}: {wrong} wrong variants; ratios = cuSPARSE / ours")
     print(f"{'case':<22} {'F':>3} {'max row':>7} {'split':>6} {'E':>4} {'wpb':>3} {'U':>2} {'csr':>6} {'hyb':>6} "
           f"{'compiled':>8}")

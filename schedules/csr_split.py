@@ -37,8 +37,9 @@ from .warp_mma import check_knobs, check_sizes, compile_for
 
 # the default first: the probe's most frequent best setting (probe_csr_split_H200.json: 64
 # entries a warp in 16 of 16 timed cases, 4 warps a block in 12, 4 loads ahead in 11)
-KNOBS = {"entries_per_warp": (64, 128, 256, 512), "warps_per_block": (4, 8), "loads_ahead": (4, 2)}
+KNOBS = {"entries_per_warp": (64, 128, 256, 512), "warps_per_block": (4, 8), "loads_ahead": (4, 2, 8)}
 MAX_FEAT = 512  # 16 floats a lane accumulates
+MAX_IN_FLIGHT = 64  # floats of B a lane holds in flight (loads_ahead x feat / 32): registers
 SEARCH_STEPS = 7  # 32-ary steps of the row search: 32^7 rows > 2^31
 FIXUP_THREADS = 256
 LONG_ROW = 512  # entries: the default (skewed) reads the longest row and its ratio to the mean
@@ -53,6 +54,9 @@ def plan(feat: int, entries_per_warp: int, warps_per_block: int, loads_ahead: in
                  "loads_ahead": loads_ahead}, KNOBS)
     if feat > MAX_FEAT:
         raise ValueError(f"feat should be at most {MAX_FEAT} (a lane holds feat / 32 sums), got {feat}")
+    if loads_ahead * -(-feat // 32) > MAX_IN_FLIGHT:
+        raise ValueError(f"loads_ahead={loads_ahead} at feat={feat} holds {loads_ahead * -(-feat // 32)} floats of B "
+                         f"a lane in flight, over {MAX_IN_FLIGHT}: take fewer loads ahead")
     return SimpleNamespace(feat=feat, E=entries_per_warp, W=warps_per_block, U=loads_ahead, vec=-(-feat // 32),
                            batches=-(-entries_per_warp // 32))
 
@@ -304,7 +308,16 @@ def applies(program, target_kind: str, knobs=None, rows=None) -> bool:
     return not knobs and rows is not None and feat <= MAX_FEAT and skewed(*rows)
 
 
-@transformation(knobs={k: Knob(tuple(v), small=v[:2]) for k, v in KNOBS.items()})
+def _prune(program, knobs) -> Optional[str]:
+    """Why these knobs build no kernel for ``program`` (None where they do)."""
+    try:
+        plan(match(program), **{k: knobs.get(k, v[0]) for k, v in KNOBS.items()})
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@transformation(knobs={k: Knob(tuple(v), small=v[:2]) for k, v in KNOBS.items()}, prune=_prune)
 def csr_split_spmm(built, program, *, entries_per_warp: int, warps_per_block: int, loads_ahead: int):
     """Build :func:`spmm` for ``program`` into ``built.mod``: its feature count, any matrix
     (two launches and a workspace a call)."""

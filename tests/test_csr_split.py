@@ -109,6 +109,8 @@ def test_refusals_name_the_knob_and_the_problem():
         sparsec.compile("spmm", inst, target="cuda", feat=32, knobs={"entries_per_warp": 64, "vec": 2})
     with pytest.raises(ValueError, match="entries_per_warp"):  # float16: the CUDA-core template's knobs only
         sparsec.compile("spmm", inst, target="cuda", feat=32, dtype="float16", knobs={"entries_per_warp": 64})
+    with pytest.raises(ValueError, match="loads_ahead=8 at feat=512 holds 128 floats"):
+        sparsec.compile("spmm", inst, target="cuda", feat=512, knobs={"loads_ahead": 8})
     with pytest.raises(ValueError, match="feat should be at most 512"):
         sparsec.compile("spmm", inst, target="cuda", feat=1024, knobs={"entries_per_warp": 64})
 
@@ -118,7 +120,8 @@ def test_nvcc_compiles_what_tvm_emits():
     from nvcc_tools import nvcc_sources
     from sparsec.schedules.warp_mma import cuda_source
 
-    sources = {(f, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=2)) for f in (20, 64)}
+    sources = {(f, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=u)) for f, u in
+               ((20, 2), (64, 2), (128, 8))}
     for key, (ok, output) in nvcc_sources(sources).items():
         assert ok, (key, output[-2000:])
 
@@ -137,7 +140,7 @@ def test_the_tuner_searches_its_knobs_where_it_is_the_default():
     cands = Space("spmm", hub, 32, "float32", families=("csr",), target="cuda:sm_90a").format_candidates("csr", {})
     grid = {(c["schedule_knobs"]["entries_per_warp"], c["schedule_knobs"]["warps_per_block"],
              c["schedule_knobs"]["loads_ahead"]) for c in cands}
-    assert len(grid) == np.prod([len(v) for v in cs.KNOBS.values()])
+    assert len(grid) == np.prod([len(v) for v in cs.KNOBS.values()])  # 32 columns: every loads_ahead fits
     assert np.isfinite(feature_matrix(cands, MatrixContext(hub))[:, 0]).all()
     even = sp.random(3000, 3000, density=0.01, format="csr", random_state=9, dtype=np.float32)
     other = Space("spmm", even, 32, "float32", families=("csr",), target="cuda:sm_90a").format_candidates("csr", {})
