@@ -35,8 +35,8 @@ from .knobs import ANY, Knob, check_applicable, transformation
 from .spmm_structure import spmm_structure
 from .warp_mma import check_knobs, check_sizes, compile_for
 
-# the default first: the probe's most frequent best setting (probe_csr_split_H200.json: 64
-# entries a warp in 16 of 16 timed cases, 4 warps a block in 12, 4 loads ahead in 11)
+# the probe's most frequent best setting first (probe_csr_split_H200.json: 64 entries a warp
+# in 16 of 16 timed cases, 4 warps a block in 12, 4 loads ahead in 11); default_knobs below
 KNOBS = {"entries_per_warp": (64, 128, 256, 512), "warps_per_block": (4, 8), "loads_ahead": (4, 2, 8)}
 MAX_FEAT = 512  # 16 floats a lane accumulates
 MAX_IN_FLIGHT = 64  # floats of B a lane holds in flight (loads_ahead x feat / 32): registers
@@ -308,16 +308,30 @@ def applies(program, target_kind: str, knobs=None, rows=None) -> bool:
     return not knobs and rows is not None and feat <= MAX_FEAT and skewed(*rows)
 
 
+def default_knobs(feat: int) -> dict:
+    """64 entries a warp, 4 warps a block; 8 rows of B in flight at 65-128 columns, 4 elsewhere.
+    H200, four knob sets on 6 graphs and 2 R-MATs (``results/probe_csr_split_sets_H200.json``):
+    at F = 128, 8 ahead beat 4 on 5 of 8 (geomean 1.05x, 1.08x on the four skewed ones this
+    kernel is the default for); at F = 32, 4 ahead was ahead or level on 6 of 8."""
+    return {"entries_per_warp": 64, "warps_per_block": 4, "loads_ahead": 8 if 3 <= -(-feat // 32) <= 4 else 4}
+
+
+def _resolve(program, knobs) -> dict:
+    """The knobs given, the rest by :func:`default_knobs` for the program's width."""
+    return {**default_knobs(match(program)), **knobs}
+
+
 def _prune(program, knobs) -> Optional[str]:
     """Why these knobs build no kernel for ``program`` (None where they do)."""
     try:
-        plan(match(program), **{k: knobs.get(k, v[0]) for k, v in KNOBS.items()})
+        plan(match(program), **_resolve(program, knobs))
     except ValueError as e:
         return str(e)
     return None
 
 
-@transformation(knobs={k: Knob(tuple(v), small=v[:2]) for k, v in KNOBS.items()}, prune=_prune)
+@transformation(knobs={k: Knob(tuple(v), small=v[:2]) for k, v in KNOBS.items()}, resolve=_resolve,
+                prune=_prune)
 def csr_split_spmm(built, program, *, entries_per_warp: int, warps_per_block: int, loads_ahead: int):
     """Build :func:`spmm` for ``program`` into ``built.mod``: its feature count, any matrix
     (two launches and a workspace a call)."""
@@ -331,7 +345,7 @@ def schedule(program, **knobs):
     from tvm import IRModule
 
     check_applicable(knobs, [(csr_split_spmm, (ANY,))], f"{program.name} on cuda (csr_split)")
-    chosen = {k: knobs.get(k, v[0]) for k, v in KNOBS.items()}
+    chosen = _resolve(program, knobs)
     plan(match(program), **chosen)
     return IRModule({program.name: spmm(match(program), name=program.name, **chosen)}), chosen
 
