@@ -22,7 +22,12 @@ ranges), then timed with sparsec's CUDA-graph timer beside cuSPARSE (``torch.spa
 the CSR tensor) and, with ``--sparsec`` (the TVM bundle installed), sparsec's CSR and hyb
 defaults.
 
-    python3 benchmarks/probe_csr_split.py [--graphs NAME ..] [--feats 32 128] [--sparsec] [--compiled] [--out FILE]
+    python3 benchmarks/probe_csr_split.py [--graphs NAME ..] [--feats 32 128] [--sparsec] [--compiled] [--group]
+                                          [--knob-sets JSON] [--out FILE]
+
+``--group`` adds ``csr_group``: the same walk with a warp's lanes in groups of F / 4 (a
+float4 of B's row each), 32 / (F / 4) entries a step side by side, a row ending inside a
+step summed over the groups by xor-shuffles (fewer instructions an entry at F = 32).
 
 ``--compiled`` (the TVM bundle) also checks sparsec's compiled kernel of the same design
 (``schedules/csr_split.py``, reached by ``knobs={"entries_per_warp": E}``) on every case and
@@ -148,6 +153,91 @@ csr_split(const int* __restrict__ indptr, const int* __restrict__ indices, const
   }
 }
 
+// csr_group (--group): the same walk with lanes grouped, GL lanes an entry (a float4 of B's row each)
+// and SPW entries a step side by side, so one load instruction gathers SPW rows of B at F = 32;
+// where a row ends inside a step its groups' sums are added by xor-shuffles and group 0 stores it
+constexpr int GL = NFEAT / 4 < 32 ? NFEAT / 4 : 32;  // lanes an entry
+constexpr int SPW = 32 / GL;                          // entries a step
+
+__device__ __forceinline__ float4 sum_groups(float4 t) {
+#pragma unroll
+  for (int o = GL; o < 32; o <<= 1) {
+    t.x += __shfl_xor_sync(FULL, t.x, o); t.y += __shfl_xor_sync(FULL, t.y, o);
+    t.z += __shfl_xor_sync(FULL, t.z, o); t.w += __shfl_xor_sync(FULL, t.w, o);
+  }
+  return t;
+}
+
+extern "C" __global__ void __launch_bounds__(WPB * 32)
+csr_group(const int* __restrict__ indptr, const int* __restrict__ indices, const float* __restrict__ vals,
+          const float* __restrict__ B, float* __restrict__ C, float* __restrict__ carry, int* __restrict__ carry_row,
+          int M, int nnz, int warps) {
+  const int lane = threadIdx.x % 32, grp = lane / GL, gl = lane % GL;
+  const int w = blockIdx.x * WPB + threadIdx.x / 32;
+  if (w >= warps) return;
+  const int p0 = w * EPW, p1 = min(p0 + EPW, nnz);
+  if (p0 >= p1) { if (lane == 0) carry_row[w] = -1; return; }
+  int r = row_of(indptr, M, p0, lane);
+  int rbase = r;
+  int ends = (rbase + lane < M) ? __ldg(indptr + rbase + lane + 1) : nnz;
+  int row_end = __shfl_sync(FULL, ends, 0);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int base = p0; base < p1; base += 32) {
+    const int n = min(32, p1 - base);
+    const int my_col = lane < n ? __ldg(indices + base + lane) : 0;
+    const float my_val = lane < n ? __ldg(vals + base + lane) : 0.f;
+    for (int j0 = 0; j0 < n; j0 += SPW * UNR) {
+      float4 b[UNR];
+      float a[UNR];
+#pragma unroll
+      for (int u = 0; u < UNR; ++u) {  // UNR steps of SPW entries in flight
+        const int j = j0 + u * SPW + grp;
+        const int c = __shfl_sync(FULL, my_col, j & 31);
+        const float v = __shfl_sync(FULL, my_val, j & 31);
+        a[u] = j < n ? v : 0.f;
+        b[u] = j < n ? __ldg(reinterpret_cast<const float4*>(B + (size_t)c * NFEAT) + gl)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < UNR; ++u) {
+        if (j0 + u * SPW >= n) break;
+        const int s0 = base + j0 + u * SPW;            // the step's first entry (the warp's alike)
+        const int last = min(s0 + SPW, p1) - 1;        // and its last
+        const int p = s0 + grp;                        // this group's entry
+        bool added = false;
+        while (row_end <= last) {  // row r ends inside the step: its entries here added, then stored
+          if (!added && p < row_end) {
+            acc.x = fmaf(a[u], b[u].x, acc.x); acc.y = fmaf(a[u], b[u].y, acc.y);
+            acc.z = fmaf(a[u], b[u].z, acc.z); acc.w = fmaf(a[u], b[u].w, acc.w);
+            added = true;
+          }
+          const float4 t = sum_groups(acc);
+          if (grp == 0) *reinterpret_cast<float4*>(C + (size_t)r * NFEAT + gl * 4) = t;
+          acc = make_float4(0.f, 0.f, 0.f, 0.f);
+          const int prev = row_end;
+          do {  // on to the next row holding an entry (the fix-up launch zeroes empty ones)
+            ++r;
+            if (r - rbase >= 32) { rbase = r; ends = (rbase + lane < M) ? __ldg(indptr + rbase + lane + 1) : nnz; }
+            row_end = __shfl_sync(FULL, ends, r - rbase);
+          } while (row_end <= prev);
+        }
+        if (!added) {
+          acc.x = fmaf(a[u], b[u].x, acc.x); acc.y = fmaf(a[u], b[u].y, acc.y);
+          acc.z = fmaf(a[u], b[u].z, acc.z); acc.w = fmaf(a[u], b[u].w, acc.w);
+        }
+      }
+    }
+  }
+  const float4 t = sum_groups(acc);
+  if (row_end <= p1) {  // the last row ends here: its end owner stores it
+    if (grp == 0) *reinterpret_cast<float4*>(C + (size_t)r * NFEAT + gl * 4) = t;
+    if (lane == 0) carry_row[w] = -1;
+  } else {  // it goes on past the range: a partial sum for the fix-up
+    if (grp == 0) *reinterpret_cast<float4*>(carry + (size_t)w * NFEAT + gl * 4) = t;
+    if (lane == 0) carry_row[w] = r;
+  }
+}
+
 // threads [0, warps * NFEAT): carry w's feature f added into its row; then one thread a row: a row
 // with no entry zeroed
 extern "C" __global__ void csr_split_fixup(const int* __restrict__ indptr, const float* __restrict__ carry,
@@ -210,9 +300,14 @@ def graph_cases(names, rmat):
     return out
 
 
-def variants(quick):
-    return [dict(e=e, wpb=w, u=u) for e in ((128, 256) if quick else (64, 128, 256, 512))
-            for w in (4, 8) for u in ((4,) if quick else (2, 4))]
+def variants(quick, group=False):
+    """[knob dicts]: csr_split's grid, and with ``group`` csr_group's (``k`` names the kernel)."""
+    out = [dict(k="csr_split", e=e, wpb=w, u=u) for e in ((128, 256) if quick else (64, 128, 256, 512))
+           for w in (4, 8) for u in ((4,) if quick else (2, 4))]
+    if group:
+        out += [dict(k="csr_group", e=e, wpb=w, u=u) for e in (64, 128, 256) for w in (4, 8)
+                for u in ((2, 4) if quick else (2, 4, 8))]
+    return out
 
 
 def compiled_kernel(m, feat, bs, refs, scale, best, timer) -> dict:
@@ -314,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--knob-sets", type=json.loads, default=None,
                     help="a JSON list of csr_split knob sets: sparsec's compiled kernel with each, checked and timed "
                          "beside cuSPARSE on every case (the CUDA variants are left out)")
+    ap.add_argument("--group", action="store_true",
+                    help="also csr_group: lanes grouped a float4 of B's row each, several entries a step")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "probe_csr_split.json"))
     args = ap.parse_args(argv)
@@ -334,13 +431,14 @@ def main(argv=None) -> int:
     def kernel(name, feat, **p):
         key = (name, feat) + tuple(sorted(p.items()))
         if key not in kernels:
-            opts = ("-std=c++17", "-arch=sm_90a", f"-DNFEAT={feat}") + tuple(f"-D{MACROS[k]}={v}" for k, v in p.items())
+            opts = ("-std=c++17", "-arch=sm_90a", f"-DNFEAT={feat}") + tuple(
+                f"-D{MACROS[k]}={v}" for k, v in p.items() if k in MACROS)
             kernels[key] = cp.RawModule(code=SOURCE, options=opts).get_function(name)
         return kernels[key]
 
-    probe_variants = [] if args.knob_sets else variants(args.quick)
+    probe_variants = [] if args.knob_sets else variants(args.quick, args.group)
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda a: kernel("csr_split", a[0], **a[1]),
+        list(pool.map(lambda a: kernel(a[1]["k"], a[0], **a[1]),
                       [(f, v) for f in args.feats for v in probe_variants]))
     built = {}
 
@@ -373,7 +471,7 @@ def main(argv=None) -> int:
                 warps = max(-(-nnz // v["e"]), 1)
                 carry = cp.empty((warps, feat), dtype=cp.float32)
                 carry_row = cp.empty((warps,), dtype=cp.int32)
-                main_k, fix_k = kernel("csr_split", feat, **v), kernel("csr_split_fixup", feat, **v)
+                main_k, fix_k = kernel(v["k"], feat, **v), kernel("csr_split_fixup", feat, **v)
                 grid = (-(-warps // v["wpb"]),)
                 fix_threads = warps * feat + M
                 outs = [torch.full((M, feat), float("nan"), device=dev, dtype=torch.float32) for _ in bs]
@@ -408,8 +506,10 @@ def main(argv=None) -> int:
                     f = k.executable[k.op_name]
                     row[f"sparsec_{fmt}_ms"] = timer.measure([lambda a=a: f(*a) for a in prep]).median_ms
                     row[f"sparsec_{fmt}_ok"] = bool(e < 1e-4)
-            good = [x for x in row["variants"] if x["ms"]]
+            good = [x for x in row["variants"] if x["ms"] and x["k"] == "csr_split"]
             row["best"] = min(good, key=lambda x: x["ms"]) if good else None
+            grouped = [x for x in row["variants"] if x["ms"] and x["k"] == "csr_group"]
+            row["best_group"] = min(grouped, key=lambda x: x["ms"]) if grouped else None
             if args.compiled:
                 row["compiled"] = compiled_kernel(m, feat, bs, refs, scale, row["best"], timer)
             if args.knob_sets:
@@ -428,7 +528,8 @@ def main(argv=None) -> int:
         print_sets(rows_out, args.knob_sets)
     print(f"\n{torch.cuda.get_device_name()}: {wrong} wrong variants; ratios = cuSPARSE / ours")
     print(f"{'case':<22} {'F':>3} {'max row':>7} {'split':>6} {'E':>4} {'wpb':>3} {'U':>2} {'csr':>6} {'hyb':>6} "
-          f"{'compiled':>8}")
+          f"{'compiled':>8} {'group':>6}")
+    grouped = []
     ratios = []
     for r in rows_out:
         b = r["best"]
@@ -442,12 +543,18 @@ def main(argv=None) -> int:
         cs = r.get("sparsec_csr_ms")
         hy = r.get("sparsec_hyb_ms")
         co = r.get("compiled", {}).get("ms")
+        gr = r.get("best_group")
         print(f"{r['case']:<22} {r['feat']:>3} {r['max_row']:>7} {ratios[-1]:6.2f} {b['e']:>4} {b['wpb']:>3} "
               f"{b['u']:>2} {'%.2f' % (r['cusparse_ms'] / cs) if cs else '-':>6} "
               f"{'%.2f' % (r['cusparse_ms'] / hy) if hy else '-':>6} "
-              f"{'%.2f' % (r['cusparse_ms'] / co) if co else '-':>8}")
+              f"{'%.2f' % (r['cusparse_ms'] / co) if co else '-':>8} "
+              f"{'%.2f' % (r['cusparse_ms'] / gr['ms']) if gr else '-':>6}")
+        if gr:
+            grouped.append(r["cusparse_ms"] / gr["ms"])
     if ratios:
         print(f"csr_split geomean x{math.exp(np.mean(np.log(ratios))):.2f} cuSPARSE, min x{min(ratios):.2f}")
+    if grouped:
+        print(f"csr_group geomean x{math.exp(np.mean(np.log(grouped))):.2f} cuSPARSE, min x{min(grouped):.2f}")
     return 1 if wrong else 0
 
 
