@@ -21,10 +21,11 @@ there). Here warp w owns the entries [w E, (w + 1) E) (``entries_per_warp`` = E)
 No C zeroed first and no atomics on the main path. Designed and timed first as CUDA
 (``benchmarks/probe_csr_split.py``, ``benchmarks/results/probe_csr_split_H200.json``: 1.27x
 cuSPARSE geomean over 6 graphs and 2 R-MATs at F = 32 and 128, where the CSR template took
-0.11-0.38x on the power-law graphs). The default for a matrix whose rows are :func:`skewed`;
-reached on any other by its own knobs (``knobs={"entries_per_warp": 128}``); the structure it takes is any single-part matrix of
-a dense row axis over a variable sparse column axis (CSR's), float32 throughout, computing
-``C[i, k] = sum_j A[i, j] * B[j, k]`` with no epilogue.
+0.11-0.38x on the power-law graphs). The default for a matrix whose rows are
+:func:`skewed`; reached on any other by its own knobs (``knobs={"entries_per_warp": 128}``).
+The structure it takes is any single-part matrix of a dense row axis over a variable sparse
+column axis (CSR's), float32 throughout, computing ``C[i, k] = sum_j A[i, j] * B[j, k]``
+with no epilogue.
 """
 from __future__ import annotations
 
@@ -358,7 +359,8 @@ def kernel_params(program):
     feat = match(program)
     matrix = next(b for b in program.bound.op.buffers if b.sparse and b.matrix)
     return [("indptr", "index", "int32", (None,), False, False), ("indices", "index", "int32", (None,), False, False),
-            (matrix.name, "input", "float32", (None,), True, True), (b_name, "input", "float32", ("cols", feat), False, False),
+            (matrix.name, "input", "float32", (None,), True, True),
+            (b_name, "input", "float32", ("cols", feat), False, False),
             (c_name, "output", "float32", ("rows", feat), False, False)]
 
 
