@@ -287,7 +287,7 @@ def match(program) -> Optional[int]:
 
 def skewed(longest: int, mean: float) -> bool:
     """True for row lengths where this kernel is the default: a row of ``LONG_ROW`` entries
-    or more and ``SKEW`` times the mean. On the H200 the template took 0.12-0.38x cuSPARSE
+    or more and ``SKEW`` times the mean. On the H200 the template took 0.11-0.38x cuSPARSE
     on the four matrices of that kind (longest 1 383-15 864, 138-1 040x the mean) and this
     kernel 0.60-1.18x; on the meshes and the 25-32x-skewed collaboration graphs the template
     stayed ahead or level (``results/probe_csr_split_compiled_H200.json`` beside
