@@ -221,11 +221,11 @@ class Space:
             shape = tuple(int(d) for d in self.matrix.shape)
             return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, shape, self._density(),
                                  self.clusters)
-        if family == "csr":  # skewed rows take csr_split (its knobs searched), as sparsec.compile does
-            rows = (int(self.stats["row_len_max"]), float(self.stats["row_len_mean"]))
-            return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, clusters=self.clusters,
-                                 rows=rows)
-        return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, clusters=self.clusters)
+        # the matrix's row lengths, as sparsec.compile reads them: a template that applies by them
+        # (csr_split on skewed CSR-like rows) is the one searched
+        rows = (int(self.stats["row_len_max"]), float(self.stats["row_len_mean"]))
+        return schedule_uses(self.op, spec, self.feat, self.dtype, self.target_kind, clusters=self.clusters,
+                             rows=rows)
 
     def _written(self, knobs: dict, uses, resolve_all: bool = False) -> dict:
         """``knobs`` with the defaults of every knob that takes effect filled in, resolved as
