@@ -366,7 +366,8 @@ class SparseLinear(torch.nn.Module):
         if self.quantized:  # symmetric per-tensor int8 activations; exact int32 product
             x_scale = x2.abs().amax().clamp_min(1e-12) / 127
             xq = torch.clamp(torch.round(x2 / x_scale), -127, 127).to(torch.int8).t().contiguous()
-            y = (spmm(self.weight, xq).to(x.dtype) * (x_scale * self.weight_scale)).t()
+            # scaled in float32: the int32 sums pass float16's range long before the result does
+            y = (spmm(self.weight, xq).float() * (x_scale.float() * self.weight_scale)).t().to(x.dtype)
         else:
             # in x tokens -> out x tokens; float16 / bfloat16 values sum in float32, and a
             # layer hands back its input's precision as torch.nn.Linear does

@@ -178,6 +178,20 @@ def test_sparse_linear_int8_srbcrs_is_exact_on_quantized_operands():
     assert (layer(x).reshape(-1, 40) - dense).abs().max() < 0.05 * dense.abs().max()  # int8 quantization error
 
 
+def test_sparse_linear_int8_half_input_scales_before_leaving_int32():
+    """The int32 sums of an int8 layer pass float16's range (65504) long before its scaled
+    result does: a float16 input must get finite outputs, close to the float product."""
+    torch.manual_seed(3)
+    w = torch.rand(16, 256)  # all positive: every row's int32 sum is near 128 * 64 * 64
+    w[torch.rand(16, 256) < 0.5] = 0
+    x = torch.rand(4, 256)
+    layer = st.SparseLinear.from_dense(w, fmt="srbcrs:v4,int8")
+    y = layer(x.half())
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()
+    dense = torch.nn.functional.linear(x, w)
+    assert (y.float() - dense).abs().max() < 0.05 * dense.abs().max()
+
+
 def test_bad_input_is_named():
     A = st.SparseTensor(random_csr(20, 10, 0.2, 5))
     with pytest.raises(ValueError, match="B should be 2-D with 10 rows"):
