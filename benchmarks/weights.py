@@ -134,6 +134,8 @@ def run_case(name, w, pattern, sparsity, tokens, timer, built) -> dict:
     rec = {"layer": name, "rows": rows, "cols": cols, "pattern": pattern, "sparsity": sparsity, "tokens": tokens,
            "nnz": nnz, "format": fmt, "peers": {}}
     with torch.no_grad():
+        stores_half = getattr(layer, "_stores_half", None)  # SparseLinear's BSR path past the few-column kernels
+        rec["layer_stores_half"] = bool(stores_half and stores_half(xs[0]))
         rec["max_rel_err"] = max_rel_err(layer(xs[0]), ref)
         rec["sparsec_ms"] = timer.measure([lambda x=x: layer(x) for x in xs]).median_ms
         rec["dense_ms"] = timer.measure([lambda x=x: torch.nn.functional.linear(x, w16) for x in xs]).median_ms

@@ -20,6 +20,7 @@ and calls that record a gradient still go through the registered ops.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, List, Optional, Sequence
 
@@ -313,6 +314,26 @@ def sddmm(A: SparseTensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     return _sddmm(A.key, A.index, A.values, A.sizes, A.size_names, X, Y, A.size_dict, A.ffi_index)
 
 
+FEW_COLUMNS = 64  # the few-column BSR kernels (schedules.bsr_gather / ring / stream) take up to this many
+
+
+@functools.lru_cache(maxsize=None)
+def _spmm_stored_as(dtype: str):
+    """SpMM ``C = A @ B`` whose output is declared ``dtype`` (a DSL operator like any user's):
+    the BSR Tensor Core template takes it by structure, sums in float32 and stores ``dtype``."""
+    from . import dsl
+
+    op = dsl.Operator(f"spmm_stored_{dtype}", f"C[i, k] = sum_j A[i, j] * B[j, k], C stored as {dtype}")
+    i = op.dense_fixed("i")
+    j = op.sparse_variable("j", parent=i)
+    k = op.dense_fixed("k", extent="feat")
+    a, b = op.sparse_input("A", (i, j)), op.dense_input("B", (j, k))
+    c = op.dense_output("C", (i, k), dtype=dtype)
+    with op.iterate([i, j, k], "SRS") as (vi, vj, vk):
+        c[vi, vk] += a[vi, vj] * b[vj, vk]
+    return op
+
+
 class SparseLinear(torch.nn.Module):
     """``y = x @ W^T + b`` with a pruned weight W (out x in) held sparse. CSR, ELL, hyb and
     BSR weights train (the values are a Parameter); N:M (``nm:2,4``) and int8 SR-BCRS
@@ -360,6 +381,18 @@ class SparseLinear(torch.nn.Module):
         st = SparseTensor(m, fmt, device=device, dtype=dtype)
         return cls(st, None if bias is None else torch.as_tensor(bias, device=device), scale)
 
+    def _stores_half(self, x2: torch.Tensor) -> bool:
+        """Whether this call's kernel stores the layer's half precision itself: a BSR weight on
+        CUDA, more tokens than the few-column kernels take (they store float32), no gradient
+        to record. The block-row Tensor Core template sums in float32 and stores float16 /
+        bfloat16, so no float32 output is written and read back by a cast (``weights.py``
+        times the layer beside its float32 kernel)."""
+        values = self.weight.values
+        return (values.dtype in (torch.float16, torch.bfloat16) and x2.dtype == values.dtype and x2.is_cuda
+                and x2.shape[0] > FEW_COLUMNS and self.weight.format.partition(":")[0] == "bsr"
+                and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (values.requires_grad or x2.requires_grad)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -369,9 +402,18 @@ class SparseLinear(torch.nn.Module):
             # scaled in float32: the int32 sums pass float16's range long before the result does
             y = (spmm(self.weight, xq).float() * (x_scale.float() * self.weight_scale)).t().to(x.dtype)
         else:
-            # in x tokens -> out x tokens; float16 / bfloat16 values sum in float32, and a
-            # layer hands back its input's precision as torch.nn.Linear does
-            y = spmm(self.weight, x2.t().contiguous()).t().to(x.dtype)
+            from .tc_linear import feature_major  # x2.t().contiguous(), by a tiled kernel on CUDA
+
+            xt = feature_major(x2)
+            if self._stores_half(x2):
+                (yt,) = torch_launch.run(_spmm_stored_as(str(x2.dtype)[6:]),
+                                         torch_launch.MatrixArgs.of(self.weight, self.values.detach()), {"B": xt},
+                                         feat=int(x2.shape[0]))
+                y = yt.t()
+            else:
+                # in x tokens -> out x tokens; float16 / bfloat16 values sum in float32, and a
+                # layer hands back its input's precision as torch.nn.Linear does
+                y = spmm(self.weight, xt).t().to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)

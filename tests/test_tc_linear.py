@@ -188,3 +188,25 @@ def test_layer_operator_computes_the_linear_layer_on_the_llvm_target():
                                                      + b[:, None])).numpy().T
     np.testing.assert_allclose(want, gelu, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_half_bsr_layer_kernel_sums_in_float32_and_stores_half():
+    """SparseLinear's BSR path past the few-column kernels: the operator declaring C float16
+    reaches the block-row Tensor Core template, whose accumulators are float32 and whose
+    store writes half (no float32 C and cast pass after it); on the CPU the layer keeps the
+    float32 path."""
+    import sparsec
+    from sparsec import formats
+    from sparsec.torch import FEW_COLUMNS, _spmm_stored_as
+
+    g = np.random.default_rng(7)
+    w = np.where(g.random((8, 12)) < 0.4, 0, g.standard_normal((8, 12)))
+    w = np.kron(w, np.ones((32, 32))).astype(np.float32)  # 256 x 384 of 32 x 32 blocks
+    inst = formats.convert(w, "bsr:32x32", dtype="float16")
+    k = sparsec.compile(_spmm_stored_as("float16"), inst, target="cuda:sm_90a", dtype="float16",
+                        feat=FEW_COLUMNS + 64)
+    src = k.source()
+    assert {"n_tile", "warp_m", "stages"} <= set(k.knobs) and "mma.sync" in src
+    assert "float acc" in src and k.outputs[0].dtype == "float16"
+    layer = SparseLinear.from_dense(torch.from_numpy(w).half(), fmt="bsr:32x32")
+    assert not layer._stores_half(torch.zeros(FEW_COLUMNS + 1, 384, dtype=torch.float16))  # CPU tensor
