@@ -4,7 +4,7 @@ command): a layer ``y = x @ W.T`` with ``x`` token-major (tokens, in), as ``nn.L
 
     python3 benchmarks/weights.py [--layers NAME ..] [--patterns bsr32 bsr64 2:4 nm1:10 nm1:8 nm1:4 int8]
                                   [--sparsity 50 70 90 95] [--tokens 16 128 1024 4096 8192]
-                                  [--resume] [--list] [--out FILE]
+                                  [--kernel-knobs JSON] [--resume] [--list] [--out FILE]
 
 Layers: MiniLM's real attention-Q and FFN weights (when ``benchmarks/data/fetch.py
 --minilm`` has cached them), BERT-base-sized (768 x 768, 3072 x 768, 768 x 3072), 4096 x
@@ -110,7 +110,7 @@ def peer(rec, name, fn) -> None:
         rec["peers"][f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def run_case(name, w, pattern, sparsity, tokens, timer, built) -> dict:
+def run_case(name, w, pattern, sparsity, tokens, timer, built, kernel_knobs=None) -> dict:
     """One record: sparsec's layer (and for BSR its kernel), dense and the peers, checked."""
     import torch
 
@@ -148,6 +148,8 @@ def run_case(name, w, pattern, sparsity, tokens, timer, built) -> dict:
             prep = [k.prepare(inst, bt)[0] for bt in bts]
             rec["sparsec_kernel_ms"] = timer.measure([lambda a=a: f(*a) for a in prep]).median_ms
             rec["knobs"] = k.knobs
+            for knobs in kernel_knobs or []:  # --kernel-knobs: the same kernel with other knobs, checked and timed
+                rec.setdefault("kernel_sets", []).append(kernel_with(inst, tokens, knobs, bts, ref, timer))
             def torch_bsr(b=int(pattern[3:])):
                 w_bsr = w16.to_sparse_bsr((b, b))
                 return {"torch_bsr_ms": timer.measure([lambda bt=bt: w_bsr @ bt for bt in bts]).median_ms}
@@ -179,6 +181,25 @@ def run_case(name, w, pattern, sparsity, tokens, timer, built) -> dict:
     return rec
 
 
+def kernel_with(inst, tokens, knobs, bts, ref, timer) -> dict:
+    """sparsec's BSR kernel with ``knobs``: checked on a NaN-poisoned output and timed, or
+    why it cannot be built."""
+    import sparsec
+    from sparsec.reference import max_rel_err
+
+    out = {"knobs": knobs}
+    try:
+        k = sparsec.compile("spmm", inst, target="cuda", feat=tokens, knobs=knobs)
+        out["err"] = max_rel_err(k(inst, bts[0], poison=True).t(), ref)
+        f = k.executable[k.op_name]
+        prep = [k.prepare(inst, bt)[0] for bt in bts]
+        out["ms"] = timer.measure([lambda a=a: f(*a) for a in prep]).median_ms
+        out["ok"] = out["err"] <= TOL["float16"]
+    except Exception as e:  # noqa: BLE001 - knobs the kernel refuses are a result, said why
+        out["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
 def summary(records) -> list:
     """Per (pattern, sparsity): the geomean ratio to dense over the big layers at 1024+
     tokens (the issue's figure) and the lowest ratio at 16-128 tokens on any layer."""
@@ -199,6 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=PATTERNS)
     ap.add_argument("--sparsity", nargs="+", type=int, default=list(SPARSITIES), help="BSR block sparsity, %%")
     ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    ap.add_argument("--kernel-knobs", type=json.loads, default=None,
+                    help="a JSON list of knob dicts: BSR cases also time their kernel with each (a sweep)")
     ap.add_argument("--resume", action="store_true", help="skip the cases the output file holds")
     ap.add_argument("--list", action="store_true", help="print the cases and stop (no GPU)")
     ap.add_argument("--out", default=None, help="default $OUT/weights_<gpu>.json")
@@ -224,13 +247,16 @@ def main(argv=None) -> int:
         if (name, pattern, s, t) in done:
             continue
         try:
-            rec = run_case(name, w, pattern, s, t, timer, built)
+            rec = run_case(name, w, pattern, s, t, timer, built, args.kernel_knobs)
         except Exception as e:  # noqa: BLE001 - a case that cannot run is a result, said why
             rec = {"layer": name, "rows": w.shape[0], "cols": w.shape[1], "pattern": pattern, "sparsity": s,
                    "tokens": t, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         doc["records"].append(rec)
         doc["summary"] = summary(doc["records"])
         path.write_text(json.dumps(doc, indent=1))
+        for ks in rec.get("kernel_sets", []):
+            print(f"    kernel {json.dumps(ks['knobs'])}: " + (f"{ks['ms'] * 1e3:.1f} us{'' if ks['ok'] else ' WRONG'}"
+                                                         if "ms" in ks else ks["error"]), flush=True)
         print(f"{'ok ' if rec.get('ok') else 'BAD'} {name:<20} {pattern:<7} {s:>3}% {t:>5} tok: "
               + (f"x{rec['speedup_vs_dense']:.2f} dense ({rec['sparsec_ms'] * 1e3:.1f} / {rec['dense_ms'] * 1e3:.1f} us)"
                  if "sparsec_ms" in rec else rec.get("error", "")), flush=True)
