@@ -278,8 +278,8 @@ def default_knobs(bs: int, feat: int, shape: Optional[Tuple[int, int]] = None) -
     short and its gathers in flight at once, which is what decides a product this small
     (the best geomean of each block size's knob sweep against dense cuBLAS on the H100:
     ``benchmarks/time_bsr_small_feat.py --sweep``). Wider: the N tile that fits (128 where
-    it divides the features, 64 otherwise), 4 warps for blocks of 16 and 32 and 8 for 64,
-    one group. Groups, then stages, step down until the shared memory and the warps fit a
+    it divides the features, 64 otherwise), 4 warps for blocks of 16 and 32 and 8 for 64
+    (4 warps of 32 x 64 and 3 stages where 128 divides the features), one group. Groups, then stages, step down until the shared memory and the warps fit a
     thread block (large blocks first take wider warp tiles).
 
     ``shape`` (the matrix's rows and columns, when a kernel is compiled for one): from 17 to
@@ -302,6 +302,11 @@ def default_knobs(bs: int, feat: int, shape: Optional[Tuple[int, int]] = None) -
     elif bs == 32:
         n_tile = 128 if feat % 128 == 0 else 64
         chosen = {"n_tile": n_tile, "warp_m": 32, "warp_n": 32 if n_tile == 128 else 16, "stages": 2, "k_split": 1}
+    elif bs == 64 and feat % 128 == 0:
+        # 4 warps of 32 x 64, 3 stages: 1.07-1.11x the 8 warps of 32 x 32, 2 stages, on the
+        # 4096 x 4096 and 11008 x 4096 weights at 70 and 90 % and 4096 columns (H200,
+        # results/weights_bsr_sweep_H200.json); the other sets swept there were slower
+        chosen = {"n_tile": 128, "warp_m": 32, "warp_n": 64, "stages": 3, "k_split": 1}
     else:
         n_tile = 128 if feat % 128 == 0 else 64
         chosen = {"n_tile": n_tile, "warp_m": 32 if bs % 32 == 0 else 16, "warp_n": 32, "stages": 2, "k_split": 1}
