@@ -157,14 +157,19 @@ def out_dtype(values: torch.Tensor) -> torch.dtype:
 def eager(*tensors: torch.Tensor) -> bool:
     """Whether an op may run its body directly rather than through ``torch.library``'s
     dispatch, which costs tens of microseconds of host time a call: plain tensors with data
-    (meta tensors take the op's fake implementation), eager mode (no ``torch.compile``
+    or Parameters (meta tensors take the op's fake implementation), eager mode (no ``torch.compile``
     tracing, no dispatch or function mode, which must see the op) and no gradient to record
     (the ops' autograd is ``_SpMMFunction``'s)."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
             torch._C._is_torch_function_mode_enabled():
         return False
     grad = torch.is_grad_enabled()
-    return all(type(t) is torch.Tensor and not t.is_meta and not (grad and t.requires_grad) for t in tensors)
+    return all(type(t) in _PLAIN and not t.is_meta and not (grad and t.requires_grad) for t in tensors)
+
+
+# tensor types an op may run on directly: a layer's weight is a Parameter (under no_grad it
+# needs no autograd record either); other subclasses (fake, functional) must see the op
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def check_dense(name: str, x: torch.Tensor, rows: int, values: torch.Tensor):

@@ -106,6 +106,10 @@ def test_eager_calls_skip_the_dispatcher_but_modes_and_tracing_see_the_ops(monke
     Bg = B.clone().requires_grad_(True)
     st.spmm(A, Bg).sum().backward()  # the autograd Function's forward and backward run the bodies too
     assert Bg.grad is not None and A.values.grad is not None
+    layer = st.SparseLinear.from_dense(torch.from_numpy(m.toarray()), fmt="csr")  # values: a Parameter
+    with torch.no_grad():  # inference on a layer skips the dispatch too
+        x = torch.randn(5, 30)
+        assert torch.allclose(layer(x), x @ torch.from_numpy(m.toarray()).t(), atol=1e-5)
 
 
 class SmallGCN(torch.nn.Module):
