@@ -32,6 +32,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Optional
 
+from .csr_walk import SEARCH_STEPS, find_row, fixup, warp_ops
 from .knobs import ANY, Knob, check_applicable, transformation
 from .spmm_structure import spmm_structure
 from .warp_mma import check_knobs, check_sizes, compile_for
@@ -41,8 +42,6 @@ from .warp_mma import check_knobs, check_sizes, compile_for
 KNOBS = {"entries_per_warp": (64, 128, 256, 512), "warps_per_block": (4, 8), "loads_ahead": (4, 2, 8)}
 MAX_FEAT = 512  # 16 floats a lane accumulates
 MAX_IN_FLIGHT = 64  # floats of B a lane holds in flight (loads_ahead x feat / 32): registers
-SEARCH_STEPS = 7  # 32-ary steps of the row search: 32^7 rows > 2^31
-FIXUP_THREADS = 256
 LONG_ROW = 512  # entries: the default (skewed) reads the longest row and its ratio to the mean
 SKEW = 64
 
@@ -125,17 +124,10 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
 
     p = plan(feat, entries_per_warp, warps_per_block, loads_ahead)
     F, E, W, U, V = p.feat, p.E, p.W, p.U, p.vec
-    full = T.uint32(0xFFFFFFFF)
-
-    def ballot(pred):
-        return T.call_extern("uint32", "__ballot_sync", full, T.Cast("int32", pred))
-
-    def highest(mask):
-        """The highest set lane of a nonzero ballot."""
-        return 31 - T.call_extern("int32", "__clz", T.Cast("int32", mask))
-
-    def shfl(value, lane, dtype):
-        return T.call_extern(dtype, "__shfl_sync", full, value, lane)
+    ops = warp_ops(T)
+    shfl = ops.shfl
+    find = find_row(T, ops)
+    second_launch = fixup(T, F)
 
     @T.macro
     def store_row(dst, row, acc, lane):
@@ -181,19 +173,7 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
                     if lane == 0:
                         carry_row[w] = -1
                 else:
-                    # the row holding entry p0: the last r with indptr[r] <= p0, in [lo, hi)
-                    st[0] = 0
-                    st[1] = rows
-                    for _ in range(SEARCH_STEPS):
-                        if st[1] - st[0] > 32:
-                            st[7] = (st[1] - st[0] + 31) // 32  # candidates' spacing
-                            st[6] = highest(ballot(T.if_then_else(
-                                st[0] + lane * st[7] < st[1], indptr[T.min(st[0] + lane * st[7], rows)] <= p0,
-                                False)))
-                            st[0] = st[0] + st[6] * st[7]
-                            st[1] = T.min(st[0] + st[7], st[1])
-                    st[2] = st[0] + highest(ballot(T.if_then_else(
-                        st[0] + lane < st[1], indptr[T.min(st[0] + lane, rows)] <= p0, False)))
+                    find(st, indptr, rows, p0, lane)  # st[2]: the row holding entry p0
                     st[3] = st[2]  # lane l holds the end of row st[3] + l
                     st[4] = T.if_then_else(st[3] + lane < rows, indptr[T.min(st[3] + lane + 1, rows)], stored)
                     st[5] = shfl(st[4], 0, "int32")
@@ -244,18 +224,7 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
                         store_row(carry, w, acc, lane)
                         if lane == 0:
                             carry_row[w] = st[2]
-        with T.launch_thread("blockIdx.x", T.max((warps * F + rows + FIXUP_THREADS - 1) // FIXUP_THREADS, 1)) as fx, \
-                T.launch_thread("threadIdx.x", FIXUP_THREADS) as ft:
-            t = T.meta_var(fx * FIXUP_THREADS + ft)
-            if t < warps * F:
-                if carry_row[t // F] >= 0:
-                    T.evaluate(T.call_extern("float32", "atomicAdd",
-                                             C.access_ptr("rw", offset=carry_row[t // F] * F + t % F),
-                                             carry[t // F, t % F]))
-            elif t - warps * F < rows:
-                if indptr[t - warps * F] == indptr[t - warps * F + 1]:  # no entry: no warp owns the row
-                    for f in range(F):
-                        C[t - warps * F, f] = T.float32(0)
+        second_launch(indptr, carry, carry_row, C, warps, rows)
 
     return csr_split
 

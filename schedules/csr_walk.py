@@ -1,0 +1,72 @@
+"""What ``csr_split``'s kernels share: the warp intrinsics they call, a warp's 32-ary search
+for the row that holds its first entry, and the second launch, which adds every warp's carry
+into its row and zeroes the rows with no entry (no warp owns those)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+SEARCH_STEPS = 7  # 32-ary steps of the row search: 32^7 rows > 2^31
+FIXUP_THREADS = 256
+
+
+def warp_ops(T) -> SimpleNamespace:
+    """``ballot``, ``highest`` (the highest set lane of a nonzero ballot), ``shfl`` and
+    ``shfl_xor`` over the full warp, as TIR calls of the CUDA intrinsics."""
+    full = T.uint32(0xFFFFFFFF)
+
+    def ballot(pred):
+        return T.call_extern("uint32", "__ballot_sync", full, T.Cast("int32", pred))
+
+    def highest(mask):
+        return 31 - T.call_extern("int32", "__clz", T.Cast("int32", mask))
+
+    def shfl(value, lane, dtype):
+        return T.call_extern(dtype, "__shfl_sync", full, value, lane)
+
+    def shfl_xor(value, offset, dtype):
+        return T.call_extern(dtype, "__shfl_xor_sync", full, value, offset)
+
+    return SimpleNamespace(ballot=ballot, highest=highest, shfl=shfl, shfl_xor=shfl_xor)
+
+
+def find_row(T, ops):
+    """A macro: ``st[2]`` = the row holding entry ``p0`` (the last r with indptr[r] <= p0),
+    found by ``SEARCH_STEPS`` 32-ary steps over [st[0], st[1]) (st[6], st[7]: scratch)."""
+
+    @T.macro
+    def find(st, indptr, rows, p0, lane):
+        st[0] = 0
+        st[1] = rows
+        for _ in range(SEARCH_STEPS):
+            if st[1] - st[0] > 32:
+                st[7] = (st[1] - st[0] + 31) // 32  # candidates' spacing
+                st[6] = ops.highest(ops.ballot(T.if_then_else(
+                    st[0] + lane * st[7] < st[1], indptr[T.min(st[0] + lane * st[7], rows)] <= p0, False)))
+                st[0] = st[0] + st[6] * st[7]
+                st[1] = T.min(st[0] + st[7], st[1])
+        st[2] = st[0] + ops.highest(ops.ballot(T.if_then_else(
+            st[0] + lane < st[1], indptr[T.min(st[0] + lane, rows)] <= p0, False)))
+
+    return find
+
+
+def fixup(T, F: int):
+    """A macro: the second launch. Threads [0, warps * F) add carry w's feature f into its row
+    (``atomicAdd``: a row may span many warps); then one thread a row zeroes a row with no entry."""
+
+    @T.macro
+    def launch(indptr, carry, carry_row, C, warps, rows):
+        with T.launch_thread("blockIdx.x", T.max((warps * F + rows + FIXUP_THREADS - 1) // FIXUP_THREADS, 1)) as fx, \
+                T.launch_thread("threadIdx.x", FIXUP_THREADS) as ft:
+            t = T.meta_var(fx * FIXUP_THREADS + ft)
+            if t < warps * F:
+                if carry_row[t // F] >= 0:
+                    T.evaluate(T.call_extern("float32", "atomicAdd",
+                                             C.access_ptr("rw", offset=carry_row[t // F] * F + t % F),
+                                             carry[t // F, t % F]))
+            elif t - warps * F < rows:
+                if indptr[t - warps * F] == indptr[t - warps * F + 1]:  # no entry: no warp owns the row
+                    for f in range(F):
+                        C[t - warps * F, f] = T.float32(0)
+
+    return launch
