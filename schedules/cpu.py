@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from .knobs import Knob, check_applicable, group, transformation
 from .loops import first_reduce_loop, has_dynamic_reduction, inner_block, root_block
-from .tvm_modules import s_tir
+from .tvm_modules import s_tir, tvm
+from .widen import NARROW, widen_accumulators, widen_outputs
 
 DISTINCT_ROWS, SHARED_ROWS = "distinct_rows", "shared_rows"  # parallel_rows' shapes
 
@@ -23,6 +24,33 @@ def parallel_rows(sch: s_tir.Schedule, nest, *, parallel: bool):
     """
     if parallel and row_kind(nest) == DISTINCT_ROWS:
         sch.parallel(sch.get_loops(root_block(sch, nest))[0])
+
+
+def narrow_sum(nest, program) -> bool:
+    """The nest sums into a buffer declared narrower (float16/bfloat16) than the kernel's
+    float32 accumulation."""
+    dtype = {b.name: b.dtype for b in program.buffers}.get(nest.target.buffer)
+    return nest.reduce == "sum" and dtype in NARROW and dtype != program.dtype.out
+
+
+def accumulate_locally(sch: s_tir.Schedule, nest) -> None:
+    """Sum a narrow output in a local array, written back after the reduction's loops (under
+    the statement block's leading spatial loops, if any, so that an entry's dot product needs
+    one element, not a row's): ``finalize_cpu`` makes that array float32 (``schedules.widen``),
+    so each element is rounded once instead of at every addition.
+
+    Before: for i: for p, k: C[i, k] = C[i, k] + half(v)
+    After:  for i: acc[k] = 0; for p, k: acc[k] = acc[k] + v; for k: C[i, k] = half(acc[k])
+    """
+    blk = inner_block(sch, nest)
+    write_back = sch.cache_write(blk, 0, "local")
+    lead = None
+    for rv, b in zip(sch.get_loops(blk), nest.blocks[-1]):
+        if b.loop.kind != "S":
+            break
+        lead = rv
+    if lead is not None:
+        sch.reverse_compute_at(write_back, lead)
 
 
 @transformation()
@@ -48,5 +76,16 @@ def default_cpu(sch: s_tir.Schedule, program, **knobs) -> dict:
     used = {}
     for nest in program.nests:
         used.update(parallel_rows(sch, nest, **knobs))
+        if narrow_sum(nest, program) and nest.init:
+            accumulate_locally(sch, nest)
         hoist_reduction_init(sch, nest)
     return used
+
+
+def finalize_cpu(mod, program):
+    """Module-level rewrites after the per-nest templates: the local accumulators of narrow
+    outputs made float32, and a narrow buffer that a nest adds into without owning its rows
+    (no ``T.init``: hyb's split rows) summed in a float32 copy (``schedules.widen``)."""
+    (gv, func), = mod.functions.items()
+    shared = {n.target.buffer for n in program.nests if narrow_sum(n, program) and not n.init}
+    return tvm.IRModule({gv: widen_outputs(widen_accumulators(func), shared)})

@@ -21,6 +21,7 @@ import numpy as np
 from .atomics import atomic_writeback, mark_atomic
 from .epilogue import fuse_epilogues
 from .fusion import fuse_parts
+from .widen import widen_accumulators
 from .cuda_sddmm import is_fused, lane_groups
 from .knobs import Knob, Transformation, check_applicable, group, transformation
 from .loops import has_dynamic_reduction, inner_block, root_block
@@ -427,6 +428,9 @@ def default_cuda(sch: s_tir.Schedule, program, **knobs) -> dict:
 def finalize_cuda(mod, program):
     """Module-level rewrites after the per-nest templates: atomic write-backs for nests whose
     rows repeat, dense epilogues folded into the launch of the sparse nest they follow
-    (``schedules.epilogue``), then horizontal fusion of a composite's parts into one launch."""
+    (``schedules.epilogue``), horizontal fusion of a composite's parts into one launch, then
+    the register accumulators of float16/bfloat16 outputs made float32 (``schedules.widen``:
+    last, so that the rewrites before it see the write-backs they match on)."""
     (gv, func), = mod.functions.items()
-    return tvm.IRModule({gv: fuse_parts(fuse_epilogues(atomic_writeback(func), program), program)})
+    fused = fuse_parts(fuse_epilogues(atomic_writeback(func), program), program)
+    return tvm.IRModule({gv: widen_accumulators(fused)})

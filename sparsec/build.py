@@ -22,8 +22,8 @@ from .formats import Format, FormatInstance, make_format
 from .formats.composite import CompositeFormat, CompositeInstance
 from .kernel import Kernel, ParamSpec
 from .lower import lower_program
-from .schedules import (bsr_dispatch, csr_split, default_cpu, default_cuda, finalize_cuda, segment_contract,
-                        tensorcore, tensorcore_packed, tensorcore_sddmm)
+from .schedules import (bsr_dispatch, csr_split, default_cpu, default_cuda, finalize_cpu, finalize_cuda,
+                        segment_contract, tensorcore, tensorcore_packed, tensorcore_sddmm)
 from .targets import parse_target
 
 UNROLL_MODES = ("explicit", "pragma")
@@ -108,7 +108,7 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
         sch = s_tir.Schedule(func, enable_check=False)  # data-dependent predicates are non-affine
         template = default_cpu if spec.kind == "llvm" else default_cuda
         used = template(sch, program, **(knobs or {}))
-        mod = finalize_cuda(sch.mod, program) if spec.kind == "cuda" else sch.mod
+        mod = finalize_cuda(sch.mod, program) if spec.kind == "cuda" else finalize_cpu(sch.mod, program)
         if spec.kind == "cuda":
             config = cuda_unroll_config()
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=2, config=config):
