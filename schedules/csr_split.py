@@ -32,45 +32,39 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Optional
 
-from .csr_walk import SEARCH_STEPS, find_row, fixup, warp_ops
+from . import csr_group
+from .csr_walk import find_row, fixup, row_of, warp_ops
 from .knobs import ANY, Knob, check_applicable, transformation
 from .spmm_structure import spmm_structure
 from .warp_mma import check_knobs, check_sizes, compile_for
 
 # the probe's most frequent best setting first (probe_csr_split_H200.json: 64 entries a warp
 # in 16 of 16 timed cases, 4 warps a block in 12, 4 loads ahead in 11); default_knobs below
-KNOBS = {"entries_per_warp": (64, 128, 256, 512), "warps_per_block": (4, 8), "loads_ahead": (4, 2, 8)}
+KNOBS = {"entries_per_warp": (64, 128, 256, 512), "warps_per_block": (4, 8), "loads_ahead": (4, 2, 8),
+         "lanes_per_entry": (32, 8, 16)}  # below 32: lanes in groups, an entry each (csr_group)
 MAX_FEAT = 512  # 16 floats a lane accumulates
 MAX_IN_FLIGHT = 64  # floats of B a lane holds in flight (loads_ahead x feat / 32): registers
 LONG_ROW = 512  # entries: the default (skewed) reads the longest row and its ratio to the mean
 SKEW = 64
 
 
-def plan(feat: int, entries_per_warp: int, warps_per_block: int, loads_ahead: int) -> SimpleNamespace:
+def plan(feat: int, entries_per_warp: int, warps_per_block: int, loads_ahead: int,
+         lanes_per_entry: int = 32) -> SimpleNamespace:
     """The kernel's sizes, checked: ValueError naming the first thing it cannot take."""
     check_sizes(feat=feat, entries_per_warp=entries_per_warp, warps_per_block=warps_per_block,
-                loads_ahead=loads_ahead)
+                loads_ahead=loads_ahead, lanes_per_entry=lanes_per_entry)
     check_knobs({"entries_per_warp": entries_per_warp, "warps_per_block": warps_per_block,
-                 "loads_ahead": loads_ahead}, KNOBS)
+                 "loads_ahead": loads_ahead, "lanes_per_entry": lanes_per_entry}, KNOBS)
     if feat > MAX_FEAT:
         raise ValueError(f"feat should be at most {MAX_FEAT} (a lane holds feat / 32 sums), got {feat}")
-    if loads_ahead * -(-feat // 32) > MAX_IN_FLIGHT:
-        raise ValueError(f"loads_ahead={loads_ahead} at feat={feat} holds {loads_ahead * -(-feat // 32)} floats of B "
+    if lanes_per_entry < 32:
+        csr_group.check(feat, lanes_per_entry)
+    per_lane = feat // lanes_per_entry if lanes_per_entry < 32 else -(-feat // 32)  # floats of a row of B
+    if loads_ahead * per_lane > MAX_IN_FLIGHT:
+        raise ValueError(f"loads_ahead={loads_ahead} at feat={feat} holds {loads_ahead * per_lane} floats of B "
                          f"a lane in flight, over {MAX_IN_FLIGHT}: take fewer loads ahead")
     return SimpleNamespace(feat=feat, E=entries_per_warp, W=warps_per_block, U=loads_ahead, vec=-(-feat // 32),
-                           batches=-(-entries_per_warp // 32))
-
-
-def row_of(indptr, rows: int, entry: int) -> int:
-    """The kernel's 32-ary search, step by step: the last row r with indptr[r] <= entry
-    (lane l tests candidate lo + l * step, the ballot's highest set lane moves lo)."""
-    lo, hi = 0, rows
-    for _ in range(SEARCH_STEPS):
-        if hi - lo > 32:
-            step = (hi - lo + 31) // 32
-            last = max(l for l in range(32) if lo + l * step < hi and indptr[min(lo + l * step, rows)] <= entry)
-            lo, hi = lo + last * step, min(lo + last * step + step, hi)
-    return lo + max(l for l in range(32) if lo + l < hi and indptr[min(lo + l, rows)] <= entry)
+                           batches=-(-entries_per_warp // 32), lanes=lanes_per_entry)
 
 
 def replay(indptr, indices, values, B, entries_per_warp: int = 64):
@@ -114,15 +108,17 @@ def replay(indptr, indices, values, B, entries_per_warp: int = 64):
 
 
 def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_ahead: int = 4,
-         name: str = "csr_split"):
+         lanes_per_entry: int = 32, name: str = "csr_split"):
     """The PrimFunc ``name(indptr, indices, values, B, C)``: ``indptr`` (int32, rows + 1),
     ``indices`` (int32) and ``values`` (float32) as a CSR instance stores them (the entries
     [0, indptr[M]) are read); B (K, feat) and C (M, feat) float32, C written whole. Two
     launches (the walk, then the carries and empty rows) and a workspace of one carry row and
-    its row number a warp."""
+    its row number a warp. ``lanes_per_entry`` below 32: the grouped walk (``csr_group``)."""
     from tvm.script import tirx as T
 
-    p = plan(feat, entries_per_warp, warps_per_block, loads_ahead)
+    p = plan(feat, entries_per_warp, warps_per_block, loads_ahead, lanes_per_entry)
+    if p.lanes < 32:
+        return csr_group.spmm(p, name)
     F, E, W, U, V = p.feat, p.E, p.W, p.U, p.vec
     ops = warp_ops(T)
     shfl = ops.shfl
@@ -282,8 +278,11 @@ def default_knobs(feat: int) -> dict:
     """64 entries a warp, 4 warps a block; 8 rows of B in flight at 65-128 columns, 4 elsewhere.
     H200, four knob sets on 6 graphs and 2 R-MATs (``results/probe_csr_split_sets_H200.json``):
     at F = 128, 8 ahead beat 4 on 5 of 8 (geomean 1.05x, 1.08x on the four skewed ones this
-    kernel is the default for); at F = 32, 4 ahead was ahead or level on 6 of 8."""
-    return {"entries_per_warp": 64, "warps_per_block": 4, "loads_ahead": 8 if 3 <= -(-feat // 32) <= 4 else 4}
+    kernel is the default for); at F = 32, 4 ahead was ahead or level on 6 of 8. At exactly 32
+    columns, lanes in groups of 8 (``csr_group``: 0.67-0.97x the time of the best of those
+    sets on the same 8 matrices, ``results/probe_csr_group_H200.json``)."""
+    return {"entries_per_warp": 64, "warps_per_block": 4, "loads_ahead": 8 if 3 <= -(-feat // 32) <= 4 else 4,
+            "lanes_per_entry": 8 if feat == 32 else 32}
 
 
 def _resolve(program, knobs) -> dict:
@@ -302,11 +301,12 @@ def _prune(program, knobs) -> Optional[str]:
 
 @transformation(knobs={k: Knob(tuple(v), small=v[:2]) for k, v in KNOBS.items()}, resolve=_resolve,
                 prune=_prune)
-def csr_split_spmm(built, program, *, entries_per_warp: int, warps_per_block: int, loads_ahead: int):
+def csr_split_spmm(built, program, *, entries_per_warp: int, warps_per_block: int, loads_ahead: int,
+                   lanes_per_entry: int):
     """Build :func:`spmm` for ``program`` into ``built.mod``: its feature count, any matrix
     (two launches and a workspace a call)."""
     built.mod, _ = schedule(program, entries_per_warp=entries_per_warp, warps_per_block=warps_per_block,
-                            loads_ahead=loads_ahead)
+                            loads_ahead=loads_ahead, lanes_per_entry=lanes_per_entry)
 
 
 def schedule(program, **knobs):

@@ -9,6 +9,18 @@ SEARCH_STEPS = 7  # 32-ary steps of the row search: 32^7 rows > 2^31
 FIXUP_THREADS = 256
 
 
+def row_of(indptr, rows: int, entry: int) -> int:
+    """The kernel's 32-ary search, step by step: the last row r with indptr[r] <= entry
+    (lane l tests candidate lo + l * step, the ballot's highest set lane moves lo)."""
+    lo, hi = 0, rows
+    for _ in range(SEARCH_STEPS):
+        if hi - lo > 32:
+            step = (hi - lo + 31) // 32
+            last = max(l for l in range(32) if lo + l * step < hi and indptr[min(lo + l * step, rows)] <= entry)
+            lo, hi = lo + last * step, min(lo + last * step + step, hi)
+    return lo + max(l for l in range(32) if lo + l < hi and indptr[min(lo + l, rows)] <= entry)
+
+
 def warp_ops(T) -> SimpleNamespace:
     """``ballot``, ``highest`` (the highest set lane of a nonzero ballot), ``shfl`` and
     ``shfl_xor`` over the full warp, as TIR calls of the CUDA intrinsics."""

@@ -42,6 +42,23 @@ def test_the_two_launches_replayed_give_the_product(entries):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("lanes, feat", [(8, 32), (16, 32), (16, 64), (8, 16), (8, 8)])
+def test_the_grouped_walk_replayed_gives_the_product(lanes, feat):
+    """csr_group's steps of 32 / lanes entries side by side, rows ending inside a step summed
+    over the groups: every row written (NaN-poisoned start), equal to the float64 product."""
+    from sparsec.schedules import csr_group
+
+    rng = np.random.default_rng(lanes * feat)
+    for entries in cs.KNOBS["entries_per_warp"]:
+        for name, m in _edge_matrices():
+            B = rng.standard_normal((m.shape[1], feat)).astype(np.float32)
+            got = csr_group.replay(m.indptr, m.indices, m.data, B, entries, lanes)
+            ref = m.astype(np.float64) @ B.astype(np.float64)
+            assert np.isfinite(got).all(), (name, entries)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max(initial=0))),
+                                       err_msg=f"{name} E={entries}")
+
+
 def test_row_search_finds_the_row_holding_each_entry():
     """The 32-ary search equals ``searchsorted(indptr, p, 'right') - 1``: the last row starting
     at or before the entry, past any empty rows."""
@@ -64,7 +81,7 @@ def test_compile_takes_it_by_its_knobs_on_a_user_operator():
     inst = formats.convert(m, "csr")
     mine, *_ = _spmm("my_spmm", "C = A @ B, written by a user")
     k = sparsec.compile(mine, inst, target="cuda", feat=40, knobs={"entries_per_warp": 256})
-    assert k.knobs == {"entries_per_warp": 256, "warps_per_block": 4, "loads_ahead": 4}
+    assert k.knobs == {"entries_per_warp": 256, "warps_per_block": 4, "loads_ahead": 4, "lanes_per_entry": 32}
     assert [(p.name, p.dtype) for p in k.params] == [("indptr", "int32"), ("indices", "int32"), ("A", "float32"),
                                                       ("B", "float32"), ("C", "float32")]
     src = k.source()
@@ -89,6 +106,8 @@ def test_the_default_on_skewed_rows_only():
     k = sparsec.compile("spmm", hub, target="cuda:sm_90a", feat=32)
     assert k.knobs == cs.default_knobs(32) and "__ballot_sync" in k.source()
     assert cs.default_knobs(128)["loads_ahead"] == 8 and cs.default_knobs(512)["loads_ahead"] == 4
+    assert k.knobs["lanes_per_entry"] == 8 and "__shfl_xor_sync" in k.source()  # 32 columns: csr_group
+    assert cs.default_knobs(64)["lanes_per_entry"] == cs.default_knobs(128)["lanes_per_entry"] == 32
     source = k.extra.get("knobs_source", "")  # the learned default defers to the rule: the log never ran it
     assert source.startswith("default") and ("csr_split" in source or "no tuning log" in source), source
     for inst, kw in ((even, {}), (hub, {"knobs": {"vec": 1}}), (hub, {"feat": 1024}),
@@ -112,17 +131,22 @@ def test_refusals_name_the_knob_and_the_problem():
         sparsec.compile("spmm", inst, target="cuda", feat=32, dtype="float16", knobs={"entries_per_warp": 64})
     with pytest.raises(ValueError, match="loads_ahead=8 at feat=512 holds 128 floats"):
         sparsec.compile("spmm", inst, target="cuda", feat=512, knobs={"loads_ahead": 8})
+    with pytest.raises(ValueError, match="lanes_per_entry=8 at feat=40: each lane takes feat / lanes_per_entry"):
+        sparsec.compile("spmm", inst, target="cuda", feat=40, knobs={"lanes_per_entry": 8})
+    with pytest.raises(ValueError, match="lanes_per_entry should be one of"):
+        sparsec.compile("spmm", inst, target="cuda", feat=32, knobs={"lanes_per_entry": 4})
     with pytest.raises(ValueError, match="feat should be at most 512"):
         sparsec.compile("spmm", inst, target="cuda", feat=1024, knobs={"entries_per_warp": 64})
 
 
 def test_nvcc_compiles_what_tvm_emits():
-    """The two launches' CUDA for widths under, at and over one warp's 32 lanes."""
+    """The two launches' CUDA for widths under, at and over one warp's 32 lanes, and grouped
+    (csr_group: float4, float2 and scalar loads a lane)."""
     from nvcc_tools import nvcc_sources
     from sparsec.schedules.warp_mma import cuda_source
 
-    sources = {(f, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=u)) for f, u in
-               ((20, 2), (64, 2), (128, 8))}
+    sources = {(f, g, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=u, lanes_per_entry=g))
+               for f, u, g in ((20, 2, 32), (64, 2, 32), (128, 8, 32), (32, 4, 8), (64, 8, 16), (8, 2, 8))}
     for key, (ok, output) in nvcc_sources(sources).items():
         assert ok, (key, output[-2000:])
 
@@ -139,9 +163,8 @@ def test_the_tuner_searches_its_knobs_where_it_is_the_default():
     hub[5, :2000] = rng.standard_normal(2000)
     hub = hub.tocsr()
     cands = Space("spmm", hub, 32, "float32", families=("csr",), target="cuda:sm_90a").format_candidates("csr", {})
-    grid = {(c["schedule_knobs"]["entries_per_warp"], c["schedule_knobs"]["warps_per_block"],
-             c["schedule_knobs"]["loads_ahead"]) for c in cands}
-    assert len(grid) == np.prod([len(v) for v in cs.KNOBS.values()])  # 32 columns: every loads_ahead fits
+    grid = {tuple(c["schedule_knobs"][k] for k in cs.KNOBS) for c in cands}
+    assert len(grid) == np.prod([len(v) for v in cs.KNOBS.values()])  # 32 columns: every setting fits
     assert np.isfinite(feature_matrix(cands, MatrixContext(hub))[:, 0]).all()
     even = sp.random(3000, 3000, density=0.01, format="csr", random_state=9, dtype=np.float32)
     other = Space("spmm", even, 32, "float32", families=("csr",), target="cuda:sm_90a").format_candidates("csr", {})
