@@ -16,7 +16,9 @@ Designed and timed first as CUDA (``benchmarks/probe_csr_split.py --group``, H20
 block and 4 steps of loads in flight took 0.67-0.97x the time of the best of four
 ``csr_split`` knob sets on 6 graphs and 2 R-MATs (``results/probe_csr_split_sets_H200.json``);
 at F = 128 (G = 32, float4 a lane) it was 1.02-1.19x slower, so wider B keeps
-``csr_split``'s layout.
+``csr_split``'s layout. Compiled (``probe_csr_split.py --knob-sets``, every case checked,
+``results/probe_csr_group_compiled_H200.json``): 0.98-1.39x the speed of ``csr_split``'s
+defaults at F = 32 on the same 8 matrices (geomean 1.11x; 1.10-2.71x cuSPARSE).
 """
 from __future__ import annotations
 

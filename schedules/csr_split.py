@@ -279,8 +279,9 @@ def default_knobs(feat: int) -> dict:
     H200, four knob sets on 6 graphs and 2 R-MATs (``results/probe_csr_split_sets_H200.json``):
     at F = 128, 8 ahead beat 4 on 5 of 8 (geomean 1.05x, 1.08x on the four skewed ones this
     kernel is the default for); at F = 32, 4 ahead was ahead or level on 6 of 8. At exactly 32
-    columns, lanes in groups of 8 (``csr_group``: 0.67-0.97x the time of the best of those
-    sets on the same 8 matrices, ``results/probe_csr_group_H200.json``)."""
+    columns, lanes in groups of 8 (``csr_group``, compiled: 0.98-1.39x the speed of this
+    kernel's defaults on the same 8 matrices, geomean 1.11x, and 1.10-2.71x cuSPARSE,
+    ``results/probe_csr_group_compiled_H200.json``)."""
     return {"entries_per_warp": 64, "warps_per_block": 4, "loads_ahead": 8 if 3 <= -(-feat // 32) <= 4 else 4,
             "lanes_per_entry": 8 if feat == 32 else 32}
 

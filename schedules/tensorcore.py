@@ -305,7 +305,8 @@ def default_knobs(bs: int, feat: int, shape: Optional[Tuple[int, int]] = None) -
     elif bs == 64 and feat % 128 == 0:
         # 4 warps of 32 x 64, 3 stages: 1.07-1.11x the 8 warps of 32 x 32, 2 stages, on the
         # 4096 x 4096 and 11008 x 4096 weights at 70 and 90 % and 4096 columns (H200,
-        # results/weights_bsr_sweep_H200.json); the other sets swept there were slower
+        # results/weights_bsr_sweep_H200.json; the other sets swept there were slower), and
+        # 1.04-1.15x on those and 3072 x 768 at 128 and 1024 (weights_bsr64_default_H200.json)
         chosen = {"n_tile": 128, "warp_m": 32, "warp_n": 64, "stages": 3, "k_split": 1}
     else:
         n_tile = 128 if feat % 128 == 0 else 64
