@@ -390,6 +390,7 @@ class SparseLinear(torch.nn.Module):
         values = self.weight.values
         return (values.dtype in (torch.float16, torch.bfloat16) and x2.dtype == values.dtype and x2.is_cuda
                 and x2.shape[0] > FEW_COLUMNS and self.weight.format.partition(":")[0] == "bsr"
+                and not isinstance(self.weight.instance, CompositeInstance)
                 and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and (values.requires_grad or x2.requires_grad)))
 
