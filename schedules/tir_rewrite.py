@@ -55,19 +55,20 @@ def map_stores(stmt, fn: Callable[[tirx.BufferStore], Optional[tirx.Stmt]]):
     return stmt
 
 
-def stores(stmt):
-    """The BufferStores of ``stmt`` (a block body), nested blocks left out."""
+def stores(stmt, attrs: bool = False):
+    """The BufferStores of ``stmt`` (a block body), nested blocks left out; with ``attrs``
+    also those under AttrStmts (pragmas and the like)."""
     if isinstance(stmt, tirx.BufferStore):
         yield stmt
     elif isinstance(stmt, tirx.SeqStmt):
         for s in stmt.seq:
-            yield from stores(s)
-    elif isinstance(stmt, tirx.For):
-        yield from stores(stmt.body)
+            yield from stores(s, attrs)
+    elif isinstance(stmt, tirx.For) or (attrs and isinstance(stmt, tirx.AttrStmt)):
+        yield from stores(stmt.body, attrs)
     elif isinstance(stmt, tirx.IfThenElse):
-        yield from stores(stmt.then_case)
+        yield from stores(stmt.then_case, attrs)
         if stmt.else_case is not None:
-            yield from stores(stmt.else_case)
+            yield from stores(stmt.else_case, attrs)
 
 
 def with_fields(block: s_tir.SBlock, **changes) -> s_tir.SBlock:

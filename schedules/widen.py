@@ -28,6 +28,7 @@ output in a float32 copy. A node kind the rewrite does not know leaves the funct
 from __future__ import annotations
 
 from .tvm_modules import ie, pe, s_tir, tirx, tvm_ffi, tvm_ir
+from .tir_rewrite import stores
 
 NARROW = ("float16", "bfloat16")
 WIDE = "float32"
@@ -46,7 +47,7 @@ def widen_accumulators(func: tirx.PrimFunc, wide: str = WIDE) -> tirx.PrimFunc:
         allocated.extend(b for b in block.alloc_buffers if str(b.dtype) in NARROW)
         for part in (block.init, block.body):
             if part is not None:
-                updated.extend(st.buffer for st in _stores(part) if _accumulated(st) is not None)
+                updated.extend(st.buffer for st in stores(part, attrs=True) if _accumulated(st) is not None)
 
     _walk_blocks(func.body, visit)
     found = [b for b in allocated if any(b.same_as(u) for u in updated)]
@@ -114,20 +115,6 @@ def _walk_blocks(stmt, fn) -> None:
         _walk_blocks(stmt.then_case, fn)
         if stmt.else_case is not None:
             _walk_blocks(stmt.else_case, fn)
-
-
-def _stores(stmt):
-    if isinstance(stmt, tirx.BufferStore):
-        yield stmt
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            yield from _stores(s)
-    elif isinstance(stmt, (tirx.For, tirx.AttrStmt)):
-        yield from _stores(stmt.body)
-    elif isinstance(stmt, tirx.IfThenElse):
-        yield from _stores(stmt.then_case)
-        if stmt.else_case is not None:
-            yield from _stores(stmt.else_case)
 
 
 def _accumulated(store):
