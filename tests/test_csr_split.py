@@ -146,7 +146,7 @@ def test_nvcc_compiles_what_tvm_emits():
     from sparsec.schedules.warp_mma import cuda_source
 
     sources = {(f, g, "sm_90a"): cuda_source(cs.build(f, entries_per_warp=128, loads_ahead=u, lanes_per_entry=g))
-               for f, u, g in ((20, 2, 32), (64, 2, 32), (128, 8, 32), (32, 4, 8), (64, 8, 16), (8, 2, 8))}
+               for f, u, g in ((20, 2, 32), (64, 2, 32), (128, 8, 32), (32, 4, 8), (64, 8, 16), (16, 4, 8), (8, 2, 8))}
     for key, (ok, output) in nvcc_sources(sources).items():
         assert ok, (key, output[-2000:])
 
