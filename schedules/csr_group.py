@@ -22,7 +22,7 @@ defaults at F = 32 on the same 8 matrices (geomean 1.11x; 1.10-2.71x cuSPARSE).
 """
 from __future__ import annotations
 
-from .csr_walk import find_row, fixup, row_of, warp_ops
+from .csr_walk import find_row, fixup, row_ends, row_of, warp_ops
 
 MAX_VECTOR = 4  # floats a lane loads of a row of B at once (a float4)
 
@@ -96,6 +96,7 @@ def spmm(p, name: str):
     ops = warp_ops(T)
     shfl, shfl_xor = ops.shfl, ops.shfl_xor
     find = find_row(T, ops)
+    ends = row_ends(T, ops)
     second_launch = fixup(T, F)
 
     @T.macro
@@ -155,9 +156,7 @@ def spmm(p, name: str):
                         carry_row[w] = -1
                 else:
                     find(st, indptr, rows, p0, lane)  # st[2]: the row holding entry p0
-                    st[3] = st[2]  # lane l holds the end of row st[3] + l
-                    st[4] = T.if_then_else(st[3] + lane < rows, indptr[T.min(st[3] + lane + 1, rows)], stored)
-                    st[5] = shfl(st[4], 0, "int32")
+                    ends.first(st, indptr, rows, stored, lane)  # lane l holds the end of row st[3] + l
                     for t in T.unroll(VW):
                         acc[t] = T.float32(0)
                     for bi in range(p.batches):
@@ -194,13 +193,7 @@ def spmm(p, name: str):
                                                 st[9] = st[5]
                                                 st[6] = 1
                                                 while st[6] != 0:  # on to the next row holding an entry
-                                                    st[2] = st[2] + 1
-                                                    if st[2] - st[3] >= 32:
-                                                        st[3] = st[2]
-                                                        st[4] = T.if_then_else(
-                                                            st[3] + lane < rows,
-                                                            indptr[T.min(st[3] + lane + 1, rows)], stored)
-                                                    st[5] = shfl(st[4], st[2] - st[3], "int32")
+                                                    ends.step(st, indptr, rows, stored, lane)
                                                     st[6] = T.Cast("int32", st[5] <= st[9])
                                             if st[8] == 0:
                                                 add_entry(acc, av, bv, u)

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from typing import Optional
 
 from . import csr_group
-from .csr_walk import find_row, fixup, row_of, warp_ops
+from .csr_walk import find_row, fixup, row_ends, row_of, warp_ops
 from .knobs import ANY, Knob, check_applicable, transformation
 from .spmm_structure import spmm_structure
 from .warp_mma import check_knobs, check_sizes, compile_for
@@ -123,6 +123,7 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
     ops = warp_ops(T)
     shfl = ops.shfl
     find = find_row(T, ops)
+    ends = row_ends(T, ops)
     second_launch = fixup(T, F)
 
     @T.macro
@@ -170,9 +171,7 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
                         carry_row[w] = -1
                 else:
                     find(st, indptr, rows, p0, lane)  # st[2]: the row holding entry p0
-                    st[3] = st[2]  # lane l holds the end of row st[3] + l
-                    st[4] = T.if_then_else(st[3] + lane < rows, indptr[T.min(st[3] + lane + 1, rows)], stored)
-                    st[5] = shfl(st[4], 0, "int32")
+                    ends.first(st, indptr, rows, stored, lane)  # lane l holds the end of row st[3] + l
                     for v in T.unroll(V):
                         acc[v] = T.float32(0)
                     for bi in range(p.batches):
@@ -201,13 +200,7 @@ def spmm(feat: int, entries_per_warp: int = 64, warps_per_block: int = 4, loads_
                                                     acc[v] = T.float32(0)
                                                 st[6] = 1
                                                 while st[6] != 0:  # on to the row holding the entry, past empty rows
-                                                    st[2] = st[2] + 1
-                                                    if st[2] - st[3] >= 32:
-                                                        st[3] = st[2]
-                                                        st[4] = T.if_then_else(
-                                                            st[3] + lane < rows,
-                                                            indptr[T.min(st[3] + lane + 1, rows)], stored)
-                                                    st[5] = shfl(st[4], st[2] - st[3], "int32")
+                                                    ends.step(st, indptr, rows, stored, lane)
                                                     st[6] = T.Cast("int32", st[5] <= p0 + bi * 32 + j0 * U + u)
                                                 st[6] = T.Cast("int32", p0 + bi * 32 + j0 * U + u >= st[5])
                                             for v in T.unroll(V):

@@ -62,6 +62,29 @@ def find_row(T, ops):
     return find
 
 
+def row_ends(T, ops):
+    """Macros over the walk's state ``st`` (2: the row, 3: the first row of the ends the lanes
+    hold, 4: this lane's end of row st[3] + lane, 5: the row's end): ``first`` loads the ends
+    from the row found by the search; ``step`` moves to the next row, loading the next 32 ends
+    when the row passes those held."""
+
+    @T.macro
+    def first(st, indptr, rows, stored, lane):
+        st[3] = st[2]
+        st[4] = T.if_then_else(st[3] + lane < rows, indptr[T.min(st[3] + lane + 1, rows)], stored)
+        st[5] = ops.shfl(st[4], 0, "int32")
+
+    @T.macro
+    def step(st, indptr, rows, stored, lane):
+        st[2] = st[2] + 1
+        if st[2] - st[3] >= 32:
+            st[3] = st[2]
+            st[4] = T.if_then_else(st[3] + lane < rows, indptr[T.min(st[3] + lane + 1, rows)], stored)
+        st[5] = ops.shfl(st[4], st[2] - st[3], "int32")
+
+    return SimpleNamespace(first=first, step=step)
+
+
 def fixup(T, F: int):
     """A macro: the second launch. Threads [0, warps * F) add carry w's feature f into its row
     (``atomicAdd``: a row may span many warps); then one thread a row zeroes a row with no entry."""
