@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 
-def spmm_structure(program):
+def spmm_structure(program, token_major: bool = False):
     """(B, C, bias or None, activation, feature count, transposed C, bias axis, declared
     dtypes by buffer name) when the operator is an SpMM with at most a bias / activation
-    epilogue and no other operand, else None."""
+    epilogue and no other operand, else None. ``token_major``: match instead the linear
+    layer's form with both dense operands transposed, ``C[k, i] = sum_j A[i, j] * B[k, j]``
+    (B and C token-major, as ``torch.nn.Linear`` holds them)."""
     from sparsec.dsl import Access
     from sparsec.expr import BinOp
 
@@ -33,7 +35,7 @@ def spmm_structure(program):
     k = out.axes[0] if transpose_c else out.axes[-1]
     if (not sparse.buffer.matrix or dense.buffer.sparse or out.buffer.sparse or k.structural or len(out.axes) != 2
             or out.axes != ((k, row) if transpose_c else (row, k)) or sparse.axes != (row, col)
-            or dense.axes != (col, k)):
+            or dense.axes != ((k, col) if token_major else (col, k)) or (token_major and not transpose_c)):
         return None
     bias, activation, bias_axis = None, "none", "row"
     if len(statements) == 2:

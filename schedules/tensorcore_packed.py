@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import bsr_dispatch, bsr_gather, bsr_ring, bsr_stream
+from . import bsr_dispatch, bsr_gather, bsr_ring, bsr_stream, bsr_tokens
 from . import srbcrs_tensorcore as srbcrs_tc
 from . import tc_pipeline_plan as tpp
 from . import tiled_stream
@@ -49,10 +49,14 @@ OPERANDS = {
     "srbcrs_int8": (("indptr", "int32"), ("indices", "int32")),
     "tiled_bitmap": (("bitmap", "uint64"), ("tile_offsets", "int32")),
     "bsr_blocks": (("indptr", "int32"), ("indices", "int32")),
+    "bsr_tokens": (("indptr", "int32"), ("indices", "int32")),
 }
 # layouts whose kernel reads the instance's own arrays and values, with no epilogue: a bias,
 # an activation, a transposed or a declared output dtype leave the program to the generic path
-OWN_ARRAYS = ("srbcrs_int8", "tiled_bitmap", "bsr_blocks")
+OWN_ARRAYS = ("srbcrs_int8", "tiled_bitmap", "bsr_blocks", "bsr_tokens")
+# bsr_tokens (a BSR weight times token-major activations) copies X's rows and writes Y's by
+# 16-byte units: the matrix's rows and columns a multiple of this (Kernel.extra checks it per call)
+TOKEN_MAJOR_MULTIPLE = 8
 
 
 # gather mode takes a multiple of 16 columns of B: ldmatrix.x4.trans loads two 8-column tiles at once
@@ -84,6 +88,7 @@ class PackedSpmm:
     density: Optional[float] = None  # the matrix's stored entries per element, when compiled for one
     clusters: bool = True  # the target has thread-block clusters and mbarrier waits (sm_90 on)
     skew: Optional[float] = None  # BSR: the longest block row's stored blocks over the mean, when compiled for one
+    token_major: bool = False  # bsr_tokens: B and C token-major (C[k, i] = sum_j A[i, j] * B[k, j])
 
 
 def match(program, target_kind: str, kc: Optional[int] = None,
@@ -106,6 +111,10 @@ def match(program, target_kind: str, kc: Optional[int] = None,
     layout = tensor_core_layout(fmt, program.dtype.sparse)
     if layout is None:
         return None
+    if layout == "bsr_blocks":
+        tokens = _token_major(program, fmt, shape, clusters)
+        if tokens is not None:
+            return tokens
     found = spmm_structure(program)
     if found is None:
         return None
@@ -147,6 +156,27 @@ def match(program, target_kind: str, kc: Optional[int] = None,
                       transpose_c, bias_axis, bias_dtype, kc if layout == "gather" else None, sized, tile,
                       density if layout in ("tiled_bitmap", "bsr_blocks") else None, bool(clusters),
                       skew if layout == "bsr_blocks" else None)
+
+
+def _token_major(program, fmt, shape, clusters) -> Optional[PackedSpmm]:
+    """``bsr_tokens``'s match: a float16 BSR linear layer on token-major activations
+    (``C[k, i] = act(sum_j A[i, j] * B[k, j] [+ bias[i]])``, C float16 / bfloat16 / float32,
+    the bias float32 or float16), blocks it takes, sm_90 on (TMA copies, mbarrier waits), and
+    a matrix compiled for (if any) of rows and columns a multiple of TOKEN_MAJOR_MULTIPLE."""
+    found = spmm_structure(program, token_major=True)
+    if found is None or not clusters:
+        return None
+    b_name, c_name, bias, activation, feat, _, bias_axis, dtypes = found
+    out_dtype = dtypes.get(c_name) or program.dtype.out
+    bias_dtype = (dtypes.get(bias) or program.dtype.dense) if bias else ""
+    tile = tuple(int(b) for b in fmt.param("block"))
+    if (program.dtype.dense != "float16" or out_dtype not in bsr_tokens.OUT_DTYPES or bias_axis != "row"
+            or bias_dtype not in ("", "float32", "float16") or not bsr_tokens.takes(tile)
+            or (shape is not None and any(int(s) % TOKEN_MAJOR_MULTIPLE for s in shape))):
+        return None
+    return PackedSpmm("bsr_tokens", feat, 1, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
+                      True, bias_axis, bias_dtype, None, None if shape is None else (int(shape[0]), int(shape[1]), 0),
+                      tile, None, True, None, True)
 
 
 # --------------------------------------------------------------------------- the knobs
@@ -505,6 +535,34 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
     built.mod = IRModule({program.name: func})
 
 
+def _tokens_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> dict:
+    m = match(program, "cuda")
+    return {**bsr_tokens.default_knobs(m.tile, m.feat, None if shape is None else shape[0]), **knobs}
+
+
+def _tokens_prune(program, knobs) -> Optional[str]:
+    m = match(program, "cuda")
+    try:
+        bsr_tokens.plan(m.tile, m.feat, **_tokens_resolve(program, knobs))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@transformation(knobs={k: Knob(tuple(v)) for k, v in bsr_tokens.KNOBS.items()}, resolve=_tokens_resolve,
+                prune=_tokens_prune)
+def bsr_tokens_spmm(built, program, **knobs):
+    """Build ``schedules.bsr_tokens``'s kernel for ``program`` into ``built.mod``: the
+    format's block shape, the program's token count, epilogue and output dtype, any matrix
+    size with rows and columns a multiple of 8."""
+    from tvm import IRModule
+
+    m = match(program, "cuda")
+    func = bsr_tokens.spmm(m.tile, m.feat, dtype=m.dtype, out_dtype=m.out_dtype, bias=m.bias is not None,
+                           bias_dtype=m.bias_dtype or "float32", activation=m.activation, name=program.name, **knobs)
+    built.mod = IRModule({program.name: func})
+
+
 STREAM_MAX_FEAT = 64  # above, the tiled kernel that shares its decoded tiles across more columns
 
 
@@ -518,7 +576,7 @@ def _streams(m: PackedSpmm, knobs=None) -> bool:
 
 
 _TRANSFORMATIONS = {"srbcrs_int8": srbcrs_int8_spmm, "tiled_bitmap": tiled_tc_spmm}
-CLUSTER_KERNELS = (bsr_ring_spmm, bsr_stream_spmm, tiled_stream_spmm)  # sm_90 on
+CLUSTER_KERNELS = (bsr_ring_spmm, bsr_stream_spmm, tiled_stream_spmm, bsr_tokens_spmm)  # sm_90 on
 
 
 def transformation_for(m: PackedSpmm, knobs=None):
@@ -527,6 +585,8 @@ def transformation_for(m: PackedSpmm, knobs=None):
     stream_only = set(knobs or {}) & (set(tiled_stream.KNOBS) - set(tiled_tc.KNOBS))
     if m.layout == "tiled_bitmap" and _streams(m, knobs) and (m.clusters or stream_only):
         return tiled_stream_spmm  # without clusters only where its own knobs ask for it (then refused)
+    if m.layout == "bsr_tokens":
+        return bsr_tokens_spmm
     if m.layout == "bsr_blocks":
         if bsr_dispatch.gathers(m, knobs):
             return bsr_gather_spmm
@@ -548,8 +608,9 @@ def schedule(program, m: PackedSpmm, **knobs):
     t = transformation_for(m, knobs)
     check_applicable(knobs, [(t, (ANY,))], f"{program.name} on cuda (packed Tensor Core SpMM, {m.layout})")
     if t in CLUSTER_KERNELS and not m.clusters:
-        raise ValueError(f"{t.name} launches thread-block clusters and waits on mbarriers, which need sm_90 or "
-                         f"later; this target has neither (compile for cuda:sm_90a, or leave its knobs out)")
+        raise ValueError(f"{t.name} launches thread-block clusters, waits on mbarriers or issues TMA copies, which "
+                         f"need sm_90 or later; this target has none of them (compile for cuda:sm_90a, or leave its "
+                         f"knobs out)")
     # the matrix's shape (and gathered row length), when known, pick the defaults
     shape = m.sized_for[:2] if m.sized_for else None
     if t is tc_pipeline_spmm:
@@ -564,6 +625,8 @@ def schedule(program, m: PackedSpmm, **knobs):
         knobs = _ring_resolve(program, knobs, shape, m.density, m.skew)
     elif t is bsr_gather_spmm:
         knobs = _gather_resolve(program, knobs, shape, m.density)
+    elif t is bsr_tokens_spmm:
+        knobs = _tokens_resolve(program, knobs, shape)
     else:
         knobs = _srbcrs_resolve(program, knobs, shape)
     built = Built()
@@ -581,7 +644,8 @@ def kernel_params(program, m: PackedSpmm):
     if m.layout in OWN_ARRAYS:
         matrix = next(b for b in program.bound.op.buffers if b.sparse and b.matrix)
         out.append((matrix.name, "input", m.dtype, (None,), True, True))
-    out.append((m.b_name, "input", program.dtype.dense, ("cols", m.feat), False, False))
+    out.append((m.b_name, "input", program.dtype.dense, (m.feat, "cols") if m.token_major else ("cols", m.feat),
+                False, False))
     if m.bias is not None:
         out.append((m.bias, "input", m.bias_dtype, ("rows",) if m.bias_axis == "row" else (m.feat,), False, False))
     out.append((m.c_name, "output", m.out_dtype, (m.feat, "rows") if m.transpose_c else ("rows", m.feat), False,

@@ -113,8 +113,11 @@ def compile(op: Union[str, Operator], fmt: Union[str, Format, FormatInstance, Co
             config = cuda_unroll_config()
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=2, config=config):
         ex = tvm.compile(mod, target=spec.tvm_target())
-    return Kernel(operator.name, fmt.spec, spec, dtype, params, used, ex,
-                  compile_s=time.perf_counter() - t0, script=mod.script())
+    kernel = Kernel(operator.name, fmt.spec, spec, dtype, params, used, ex,
+                    compile_s=time.perf_counter() - t0, script=mod.script())
+    if packed is not None and packed.layout == "bsr_tokens":  # TMA rows, 16-byte stores: checked per call
+        kernel.extra["shape_multiple"] = tensorcore_packed.TOKEN_MAJOR_MULTIPLE
+    return kernel
 
 
 def _density(inst) -> Optional[float]:

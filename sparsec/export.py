@@ -167,6 +167,8 @@ def export_kernel(kernel, path: str, archs: Optional[Sequence[str]] = None) -> D
                         "index_extents": [list(u) for u in p.index_extents]} for p in kernel.params],
             "sparsec_version": __version__, "tvm_version": tvm.__version__, "archs": []}
     meta.update(reuse_metadata(kernel.format_spec))
+    if kernel.extra.get("shape_multiple"):  # the loaded kernel checks it per call, as the compiled one did
+        meta["shape_multiple"] = int(kernel.extra["shape_multiple"])
     if kernel.target.kind == "cuda":
         meta["archs"] = check_archs(archs or [kernel.target.arch])
         source = kernel.source()

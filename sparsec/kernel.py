@@ -171,6 +171,11 @@ class Kernel:
             raise TypeError(f"matrix values should be {want} for this kernel, got {A.value_dtype} "
                             f"(convert with dtype={want!r} or compile for {A.value_dtype})")
         check_before_launch(A)  # free for an instance sealed by convert
+        multiple = self.extra.get("shape_multiple") or (self.extra.get("metadata") or {}).get("shape_multiple")
+        if multiple and any(int(s) % multiple for s in A.shape):
+            raise ValueError(f"{self.op_name}: this kernel takes matrices whose rows and columns are multiples of "
+                             f"{multiple} (it copies and writes whole 16-byte rows), got a {A.shape[0]} x "
+                             f"{A.shape[1]} matrix; pad it, or compile for this matrix (another kernel takes it)")
 
     def _expected_shape(self, p: ParamSpec, sizes) -> Tuple[int, ...]:
         return tuple(sizes[d] if isinstance(d, str) else d for d in p.shape)
