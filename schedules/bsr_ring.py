@@ -224,6 +224,7 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
     expect_bytes = T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"]
     tensor_copy = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"]
     ld_idx, st_idx = T.ptx["ld.shared.s32"], T.ptx["st.shared.b32"]
+    fence_async = T.ptx["fence.proxy.async.shared::cta"]
     full_mask = T.uint32(0xFFFFFFFF)
     sum_each = sum_share(p.red, S, p.threads)
     sum_cluster = cluster_sum(p.red, nb, feat, p.threads, S) if S > 1 else None
@@ -349,6 +350,8 @@ def spmm(block=(32, 32), feat: int = 64, warps: int = 4, stages: int = 4, cluste
                         a = T.meta_var((ntw - 1) * 4)
                         mma(acc[a], acc[a + 1], acc[a + 2], acc[a + 3], af[0], af[1], af[2], af[3], bf[0], bf[1],
                             acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
+        if p.tma:  # ldmatrix reads (generic proxy) before the copy engine's refill (async proxy): bsr_tokens
+            fence_async()  # lost refilled slots without it (H200, benchmarks/probe_bsr_tokens.py --repeat)
         T.evaluate(T.call_extern("void", "__syncwarp", full_mask))
         if tx == 0:
             arrive(sb[1] + T.Cast("uint32", (D + s) * 8))

@@ -39,6 +39,7 @@ def test_builds_to_a_producer_warp_on_mbarriers_and_mma(block, feat, knobs):
         assert needle in ptx, needle
     assert ("cp.async.cg.shared.global" in ptx) != bool(kn["tma"])
     assert ("__grid_constant__ CUtensorMap" in src) == bool(kn["tma"])
+    assert ("fence.proxy.async.shared::cta" in ptx) == bool(kn["tma"])  # reads ordered before a refill
     clustered = kn["cluster"] > 1
     assert ("mapa" in ptx) == clustered and ("barrier.cluster.arrive" in ptx) == clustered
     producer = src[src.index("for (int j = 0"):]
@@ -230,6 +231,6 @@ def test_an_arch_without_clusters_gets_kernels_that_run_there():
     rng = np.random.default_rng(3)
     w = np.where(np.kron(rng.random((32, 64)) < 0.3, np.ones((32, 32))), rng.standard_normal((1024, 2048)),
                  0).astype(np.float16)
-    with pytest.raises(ValueError, match="bsr_ring_spmm launches thread-block clusters .* need sm_90"):
+    with pytest.raises(ValueError, match="bsr_ring_spmm launches thread-block clusters.* need sm_90"):
         sparsec.compile("spmm", formats.convert(w, "bsr:32x32"), target="cuda:sm_80", feat=64,
                         knobs={"per_stage": 2})
