@@ -110,7 +110,7 @@ def peer(rec, name, fn) -> None:
         rec["peers"][f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def run_case(name, w, pattern, sparsity, tokens, timer, built, kernel_knobs=None) -> dict:
+def run_case(name, w, pattern, sparsity, tokens, timer, built, kernel_knobs=None, layer_only=False) -> dict:
     """One record: sparsec's layer (and for BSR its kernel), dense and the peers, checked."""
     import torch
 
@@ -136,10 +136,12 @@ def run_case(name, w, pattern, sparsity, tokens, timer, built, kernel_knobs=None
     with torch.no_grad():
         stores_half = getattr(layer, "_stores_half", None)  # SparseLinear's BSR path past the few-column kernels
         rec["layer_stores_half"] = bool(stores_half and stores_half(xs[0]))
+        token_major = getattr(layer, "_token_major", None)  # x as it is, schedules.bsr_tokens
+        rec["layer_token_major"] = bool(token_major and token_major(xs[0]))
         rec["max_rel_err"] = max_rel_err(layer(xs[0]), ref)
         rec["sparsec_ms"] = timer.measure([lambda x=x: layer(x) for x in xs]).median_ms
         rec["dense_ms"] = timer.measure([lambda x=x: torch.nn.functional.linear(x, w16) for x in xs]).median_ms
-        if pattern.startswith("bsr"):
+        if pattern.startswith("bsr") and not layer_only:
             inst = formats.convert(wp.astype(np.float16), fmt, dtype="float16")
             k = sparsec.compile("spmm", inst, target="cuda", feat=tokens)
             bts = [x.t().contiguous() for x in xs]
@@ -150,6 +152,9 @@ def run_case(name, w, pattern, sparsity, tokens, timer, built, kernel_knobs=None
             rec["knobs"] = k.knobs
             for knobs in kernel_knobs or []:  # --kernel-knobs: the same kernel with other knobs, checked and timed
                 rec.setdefault("kernel_sets", []).append(kernel_with(inst, tokens, knobs, bts, ref, timer))
+        if pattern.startswith("bsr"):
+            bts = [x.t().contiguous() for x in xs]
+
             def torch_bsr(b=int(pattern[3:])):
                 w_bsr = w16.to_sparse_bsr((b, b))
                 return {"torch_bsr_ms": timer.measure([lambda bt=bt: w_bsr @ bt for bt in bts]).median_ms}
@@ -223,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-knobs", type=json.loads, default=None,
                     help="a JSON list of knob dicts: BSR cases also time their kernel with each (a sweep)")
     ap.add_argument("--resume", action="store_true", help="skip the cases the output file holds")
+    ap.add_argument("--layer-only", action="store_true",
+                    help="BSR: time SparseLinear and the peers, not the feature-major SpMM kernel beside them")
     ap.add_argument("--list", action="store_true", help="print the cases and stop (no GPU)")
     ap.add_argument("--out", default=None, help="default $OUT/weights_<gpu>.json")
     args = ap.parse_args(argv)
@@ -247,7 +254,7 @@ def main(argv=None) -> int:
         if (name, pattern, s, t) in done:
             continue
         try:
-            rec = run_case(name, w, pattern, s, t, timer, built, args.kernel_knobs)
+            rec = run_case(name, w, pattern, s, t, timer, built, args.kernel_knobs, args.layer_only)
         except Exception as e:  # noqa: BLE001 - a case that cannot run is a result, said why
             rec = {"layer": name, "rows": w.shape[0], "cols": w.shape[1], "pattern": pattern, "sparsity": s,
                    "tokens": t, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}

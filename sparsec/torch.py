@@ -334,6 +334,31 @@ def _spmm_stored_as(dtype: str):
     return op
 
 
+@functools.lru_cache(maxsize=None)
+def _linear_stored_as(dtype: str, bias_dtype: Optional[str]):
+    """A linear layer on token-major activations, ``Y[k, i] = sum_j A[i, j] * X[k, j]
+    (+ bias[i])`` with Y declared ``dtype`` (a DSL operator like any user's): on sm_90
+    ``schedules.bsr_tokens`` takes it by structure for BSR weights, with X and Y as
+    ``torch.nn.Linear`` holds them (no transpose before or after) and the bias in its
+    epilogue."""
+    from . import dsl
+
+    op = dsl.Operator(f"linear_stored_{dtype}_{bias_dtype or 'nobias'}",
+                      f"Y[k, i] = sum_j A[i, j] * X[k, j]{' + bias[i]' if bias_dtype else ''}, Y stored as {dtype}")
+    i = op.dense_fixed("i")
+    j = op.sparse_variable("j", parent=i)
+    k = op.dense_fixed("k", extent="feat")
+    a, x = op.sparse_input("A", (i, j)), op.dense_input("X", (k, j))
+    b = op.dense_input("bias", (i,), dtype=bias_dtype) if bias_dtype else None
+    y = op.dense_output("Y", (k, i), dtype=dtype)
+    with op.iterate([i, j, k], "SRS") as (vi, vj, vk):
+        y[vk, vi] += a[vi, vj] * x[vk, vj]
+    if bias_dtype:
+        with op.iterate([k, i], "SS") as (vk, vi):
+            y[vk, vi] = y[vk, vi] + b[vi]
+    return op
+
+
 class SparseLinear(torch.nn.Module):
     """``y = x @ W^T + b`` with a pruned weight W (out x in) held sparse. CSR, ELL, hyb and
     BSR weights train (the values are a Parameter); N:M (``nm:2,4``) and int8 SR-BCRS
@@ -394,9 +419,30 @@ class SparseLinear(torch.nn.Module):
                 and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and (values.requires_grad or x2.requires_grad)))
 
+    def _token_major(self, x2: torch.Tensor) -> bool:
+        """Whether this call runs ``bsr_tokens`` on x as it is (:func:`_linear_stored_as`): the
+        half BSR path above on an sm_90 GPU, float16 values, blocks it takes, and rows and
+        columns a multiple of 8 (its TMA rows and 16-byte stores)."""
+        if not self._stores_half(x2) or x2.dtype != torch.float16 or torch.cuda.get_device_capability(x2.device)[0] < 9:
+            return False
+        from .schedules import bsr_tokens
+        from .schedules.tensorcore_packed import TOKEN_MAJOR_MULTIPLE
+
+        block = self.weight.instance.format.param("block")
+        bias_ok = self.bias is None or self.bias.dtype in (torch.float16, torch.float32)
+        return bias_ok and bsr_tokens.takes(block) and not (self.out_features % TOKEN_MAJOR_MULTIPLE
+                                                             or self.in_features % TOKEN_MAJOR_MULTIPLE)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self._token_major(x2):  # y = x W^T (+ b) in one kernel on x as it is
+            bias = self.bias.detach() if self.bias is not None else None
+            inputs = {"X": x2} if bias is None else {"X": x2, "bias": bias}
+            (y,) = torch_launch.run(_linear_stored_as("float16", None if bias is None else str(bias.dtype)[6:]),
+                                    torch_launch.MatrixArgs.of(self.weight, self.values.detach()), inputs,
+                                    feat=int(x2.shape[0]))
+            return y.reshape(*lead, self.out_features)
         if self.quantized:  # symmetric per-tensor int8 activations; exact int32 product
             x_scale = x2.abs().amax().clamp_min(1e-12) / 127
             xq = torch.clamp(torch.round(x2 / x_scale), -127, 127).to(torch.int8).t().contiguous()
