@@ -47,8 +47,12 @@ from .tc_pipeline_epilogue import activation_fn
 from .warp_mma import check_choice, check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
-KNOBS = {"tile": (128, 64, 256), "warps_m": (2, 1, 4, 8), "warps_n": (2, 1, 4), "stages": (4, 3, 6, 8),
-         "per_stage": (1, 2), "tiles": (1, 2, 4, 8), "direct": (0, 1)}
+# the values checked on the H200 in the kernel's final form (results/check_bsr_tokens_H200.json);
+# the plan also takes 1 or 2 warps along the tokens, 2 or 4 across a block's rows, 6 or 8 stages,
+# 2 blocks a stage and 8 tiles a CTA, which the probe's checks cover for the next GPU session
+KNOBS = {"tile": (256, 128, 64), "warps_m": (4, 8), "warps_n": (1,), "stages": (4, 3), "per_stage": (1,),
+         "tiles": (1, 2, 4), "direct": (0, 1)}
+UNCHECKED = {"warps_m": (1, 2), "warps_n": (2, 4), "stages": (6, 8), "per_stage": (2,), "tiles": (8,)}
 DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
 MIN_CTAS = 64  # default_knobs: fewer CTAs than this take smaller shares of the tokens
@@ -62,10 +66,12 @@ def takes(block) -> bool:
     return r in (16, 32, 48, 64) and c in (16, 32, 64)
 
 
-def plan(block, tokens: int, tile: int = 128, warps_m: int = 2, warps_n: int = 2, stages: int = 4,
-         per_stage: int = 1, tiles: int = 1, direct: int = 0, out_bytes: int = 2) -> SimpleNamespace:
+def plan(block, tokens: int, tile: int = 128, warps_m: int = 4, warps_n: int = 1, stages: int = 4,
+         per_stage: int = 1, tiles: int = 1, direct: int = 0, out_bytes: int = 2,
+         unchecked: bool = False) -> SimpleNamespace:
     """The kernel's sizes, checked: ValueError naming the first thing it cannot take
-    (``out_bytes``: bytes of an output, 2 or 4)."""
+    (``out_bytes``: bytes of an output, 2 or 4; ``unchecked``: the knob values of
+    :data:`UNCHECKED` too, for the probe that checks them on the GPU)."""
     r, c = (int(b) for b in block)
     if r % 16 or not 16 <= r <= 64:
         raise ValueError(f"block rows should be 16, 32, 48 or 64 (16 outputs an MMA tile), got {r}")
@@ -74,8 +80,9 @@ def plan(block, tokens: int, tile: int = 128, warps_m: int = 2, warps_n: int = 2
                          f"swizzle spans), got {c}")
     check_sizes(tokens=tokens, tile=tile, warps_m=warps_m, warps_n=warps_n, stages=stages, per_stage=per_stage,
                 tiles=tiles)
+    choices = {k: v + (UNCHECKED.get(k, ()) if unchecked else ()) for k, v in KNOBS.items()}
     check_knobs({"tile": tile, "warps_m": warps_m, "warps_n": warps_n, "stages": stages, "per_stage": per_stage,
-                 "tiles": tiles, "direct": direct}, KNOBS)
+                 "tiles": tiles, "direct": direct}, choices)
     wt = tile // warps_m
     if wt % 16:
         raise ValueError(f"tile={tile} tokens over warps_m={warps_m} warps leaves {wt / 1:g} tokens a warp, "
@@ -133,7 +140,7 @@ def default_knobs(block, tokens: int, rows=None) -> dict:
 
 def spmm(block=(32, 32), tokens: int = 128, dtype: str = "float16", out_dtype: str = "float16",
          bias: bool = False, bias_dtype: str = "float32", activation: str = "none", name: str = "bsr_tokens",
-         **knobs):
+         unchecked: bool = False, **knobs):
     """The PrimFunc ``name(indptr, indices, values, X, [bias,] Y)``: ``indptr`` (int32, block
     rows + 1), ``indices`` (int32, block columns) and ``values`` (``dtype``, the blocks
     row-major one after another) as ``formats.bsr`` stores them; X (tokens, K) ``dtype``;
@@ -144,7 +151,7 @@ def spmm(block=(32, 32), tokens: int = 128, dtype: str = "float16", out_dtype: s
     check_choice("dtype", dtype, DTYPES)
     check_choice("out_dtype", out_dtype, OUT_DTYPES)
     out_bytes = 4 if out_dtype == "float32" else 2
-    p = plan(block, tokens, **{**default_knobs(block, tokens), **knobs}, out_bytes=out_bytes)
+    p = plan(block, tokens, **{**default_knobs(block, tokens), **knobs}, out_bytes=out_bytes, unchecked=unchecked)
     R, Cb, D, G, TN, W, TT = p.r, p.c, p.D, p.G, p.TN, p.W, p.TT
     mt, nt, ks, VO, LDY = p.mt, p.nt, p.ks, p.vo, p.ldy
     ty_ = "bf16" if dtype == "bfloat16" else "f16"

@@ -44,6 +44,7 @@ def weight(rows=256, cols=512, block=32, seed=0):
     ((64, 64), 4096, {}), ((32, 32), 1000, {}), ((16, 16), 77, {}),
     ((48, 32), 300, {"warps_n": 1, "bias": True, "activation": "relu"}),
     ((32, 64), 512, {"out_dtype": "float32", "direct": 1, "tiles": 4}),
+    ((32, 32), 2000, {"tile": 64, "warps_m": 4, "warps_n": 2, "stages": 8, "per_stage": 2, "unchecked": True}),
     ((64, 16), 256, {"dtype": "bfloat16", "out_dtype": "bfloat16", "bias": True, "bias_dtype": "float16"})])
 def test_builds_to_tensor_copies_mbarriers_and_mma(block, tokens, kw):
     """One lane of a producer warp issues a tensor copy of a stage's blocks and one of X's tile
@@ -77,10 +78,11 @@ def test_builds_to_tensor_copies_mbarriers_and_mma(block, tokens, kw):
     ({"block": (32, 128)}, "block columns should be 16, 32 or 64"),
     ({"tile": 96}, "tile should be one of"),
     ({"tile": 64, "warps_m": 8}, "not a multiple of 16"),
-    ({"block": (48, 32), "warps_n": 2}, "do not split a 48-row block"),
-    ({"tile": 256, "warps_m": 1, "warps_n": 1}, "accumulators a lane"),
-    ({"warps_m": 8, "warps_n": 2, "tile": 256}, "at most 8"),
-    ({"block": (64, 64), "tile": 256, "per_stage": 2, "stages": 8}, "bytes of shared memory"),
+    ({"warps_n": 2}, r"warps_n should be one of \[1\]"),  # builds, not yet checked on the GPU
+    ({"block": (48, 32), "warps_n": 2, "unchecked": True}, "do not split a 48-row block"),
+    ({"tile": 256, "warps_m": 1, "warps_n": 1, "unchecked": True}, "accumulators a lane"),
+    ({"warps_m": 8, "warps_n": 2, "tile": 256, "unchecked": True}, "at most 8"),
+    ({"block": (64, 64), "tile": 256, "per_stage": 2, "stages": 8, "unchecked": True}, "bytes of shared memory"),
     ({"tokens": 0}, "tokens should be a positive int"),
     ({"bogus": 1}, "unexpected keyword|unknown knob")])
 def test_refuses_what_it_cannot_take_by_name(kw, match):
