@@ -117,24 +117,32 @@ def plan(block, tokens: int, tile: int = 128, warps_m: int = 4, warps_n: int = 1
     return p
 
 
-def default_knobs(block, tokens: int, rows=None) -> dict:
+def default_knobs(block, tokens: int, rows=None, out_bytes: int = 2) -> dict:
     """From the H200 sweep at 4096 tokens (``results/probe_bsr_tokens_H200.json``): 256 tokens
     a CTA in warps of 32 tokens x 64 outputs for 64-row blocks (8 warps), two tiles a CTA one
     after the other; 64 tokens x the block's rows (4 warps), one tile, for smaller blocks; 4
     stages. Up to 128 tokens a 64- or 128-token tile in 4 warps. ``rows`` (the matrix's, where
-    known): fewer than 64 CTAs take one tile a CTA, then 128-token tiles."""
+    known): fewer than 64 CTAs take one tile a CTA, then 128-token tiles. A float32 output
+    (``out_bytes`` 4) whose staging rows do not fit beside 4 stages takes 3, then direct stores."""
     r, _ = (int(b) for b in block)
     if tokens <= 128:
-        return {"tile": 64 if tokens <= 64 else 128, "warps_m": 4, "warps_n": 1, "stages": 4, "per_stage": 1,
-                "tiles": 1, "direct": 0}
-    knobs = {"tile": 256, "warps_m": 8 if r >= 64 else 4, "warps_n": 1, "stages": 4, "per_stage": 1,
-             "tiles": 2 if r >= 64 else 1, "direct": 0}
-    if rows:
+        knobs = {"tile": 64 if tokens <= 64 else 128, "warps_m": 4, "warps_n": 1, "stages": 4, "per_stage": 1,
+                 "tiles": 1, "direct": 0}
+    else:
+        knobs = {"tile": 256, "warps_m": 8 if r >= 64 else 4, "warps_n": 1, "stages": 4, "per_stage": 1,
+                 "tiles": 2 if r >= 64 else 1, "direct": 0}
+    if rows and tokens > 128:
         block_rows = -(-int(rows) // r)
         if block_rows * -(-(-(-tokens // 256)) // knobs["tiles"]) < MIN_CTAS:
             knobs["tiles"] = 1
         if block_rows * -(-tokens // 256) < MIN_CTAS:
             knobs.update(tile=128, warps_m=4)
+    for fallback in ({"stages": 3}, {"direct": 1}):
+        try:
+            plan(block, tokens, **knobs, out_bytes=out_bytes)
+            break
+        except ValueError:
+            knobs.update(fallback)
     return knobs
 
 
@@ -151,7 +159,8 @@ def spmm(block=(32, 32), tokens: int = 128, dtype: str = "float16", out_dtype: s
     check_choice("dtype", dtype, DTYPES)
     check_choice("out_dtype", out_dtype, OUT_DTYPES)
     out_bytes = 4 if out_dtype == "float32" else 2
-    p = plan(block, tokens, **{**default_knobs(block, tokens), **knobs}, out_bytes=out_bytes, unchecked=unchecked)
+    p = plan(block, tokens, **{**default_knobs(block, tokens, out_bytes=out_bytes), **knobs}, out_bytes=out_bytes,
+             unchecked=unchecked)
     R, Cb, D, G, TN, W, TT = p.r, p.c, p.D, p.G, p.TN, p.W, p.TT
     mt, nt, ks, VO, LDY = p.mt, p.nt, p.ks, p.vo, p.ldy
     ty_ = "bf16" if dtype == "bfloat16" else "f16"

@@ -535,15 +535,19 @@ def bsr_gather_spmm(built, program, *, warps: int, per_warp: int, split: int, he
     built.mod = IRModule({program.name: func})
 
 
+def _out_bytes(m: PackedSpmm) -> int:
+    return 4 if m.out_dtype == "float32" else 2
+
+
 def _tokens_resolve(program, knobs, shape: Optional[Tuple[int, int]] = None) -> dict:
     m = match(program, "cuda")
-    return {**bsr_tokens.default_knobs(m.tile, m.feat, None if shape is None else shape[0]), **knobs}
+    return {**bsr_tokens.default_knobs(m.tile, m.feat, None if shape is None else shape[0], _out_bytes(m)), **knobs}
 
 
 def _tokens_prune(program, knobs) -> Optional[str]:
     m = match(program, "cuda")
     try:
-        bsr_tokens.plan(m.tile, m.feat, **_tokens_resolve(program, knobs))
+        bsr_tokens.plan(m.tile, m.feat, **_tokens_resolve(program, knobs), out_bytes=_out_bytes(m))
     except ValueError as e:
         return str(e)
     return None

@@ -35,6 +35,11 @@ def spmm(A: FormatInstance, B) -> np.ndarray:
     return A.to_scipy().astype(np.float64) @ np.asarray(B, dtype=np.float64)
 
 
+def linear(A: FormatInstance, X) -> np.ndarray:
+    """``X @ A^T``: a linear layer's product on token-major X (tokens x cols)."""
+    return (A.to_scipy().astype(np.float64) @ np.asarray(X, dtype=np.float64).T).T
+
+
 def sddmm(A: FormatInstance, X, Y) -> np.ndarray:
     """``A[i, j] * (X[i, :] . Y[j, :])`` at every stored slot (X: rows x feat, Y: cols x feat)."""
     rows, cols = A.stored_coords()
@@ -68,7 +73,7 @@ def attention(A: FormatInstance, Q, Kt, V) -> np.ndarray:
     return sp.csr_matrix((p, (r, c)), shape=A.shape) @ np.asarray(V, dtype=np.float64)
 
 
-REFERENCES = {"spmm": spmm, "sddmm": sddmm, "attention": attention}
+REFERENCES = {"spmm": spmm, "linear": linear, "sddmm": sddmm, "attention": attention}
 
 
 # ---- any DSL operator --------------------------------------------------------------------------

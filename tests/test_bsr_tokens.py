@@ -160,3 +160,33 @@ def test_sparse_linear_keeps_other_paths_off_hopper():
     x = torch.randn(5, 512)
     assert not layer._token_major(x)
     torch.testing.assert_close(layer(x), x @ w.t(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_library_linear_operator_reaches_it_from_the_cli(capsys):
+    """``linear`` (Y = X A^T on token-major X) is a library operator: its float64 reference
+    agrees with the DSL evaluator, ``sparsec run`` checks it on the CPU, and ``sparsec build
+    linear --format bsr ... --target cuda:sm_90a --emit-source`` prints this kernel's TMA code."""
+    from sparsec import cli, ops, reference
+
+    inst = weight()
+    x = np.random.default_rng(2).standard_normal((37, 512))
+    np.testing.assert_allclose(reference.linear(inst, x),
+                               reference.evaluate(ops.get("linear"), inst, x, params={"feat": 37}), rtol=1e-10)
+    assert cli.main(["run", "linear", "--format", "bsr", "--block", "32x32", "--dtype", "float16", "--random",
+                     "200,320,0.1", "--feat", "40", "--target", "llvm", "--check"]) == 0
+    capsys.readouterr()
+    assert cli.main(["build", "linear", "--format", "bsr", "--block", "64x64", "--dtype", "float16", "--target",
+                     "cuda:sm_90a", "--emit-source"]) == 0
+    out = capsys.readouterr().out
+    assert "cp.async.bulk.tensor" in out and "fence.proxy.async" in out
+
+
+def test_defaults_fit_a_float32_output():
+    """A float32 Y's staging rows take twice the bytes: the default then takes 3 stages, or
+    direct stores, rather than a plan over the shared memory (the library ``linear`` at 4096
+    tokens on 64-row blocks once failed to build by default)."""
+    for block in ((64, 64), (64, 32), (32, 64), (16, 16)):
+        for tokens in (100, 1024, 4096):
+            kn = bt.default_knobs(block, tokens, out_bytes=4)
+            bt.plan(block, tokens, **kn, out_bytes=4)
+    assert bt.default_knobs((64, 64), 4096, out_bytes=4)["stages"] == 3
