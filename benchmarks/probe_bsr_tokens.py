@@ -36,7 +36,7 @@ SETS = [{}, {"tile": 256, "warps_m": 8, "warps_n": 1, "tiles": 4},
         {"tile": 256, "warps_m": 4, "warps_n": 1, "tiles": 2, "direct": 1},
         {"tile": 128, "warps_m": 4, "warps_n": 1, "tiles": 2}]
 # sets that gave wrong results before the consumers fenced their reads against the copy
-# engine's refills (b32 at 5 CTAs an SM: 4-25 of 40 calls): rerun on long walks, and the defaults
+# engine's refills (b32 at 5 CTAs an SM: 1-4 of 20-40 calls): rerun on long walks, and the defaults
 STRESS = [((32, 32), {"tile": 128, "warps_m": 4, "warps_n": 1, "tiles": 1, "direct": 1}),
           ((32, 32), {"tile": 256, "warps_m": 8, "warps_n": 1}), ((64, 64), {}), ((32, 32), {})]
 

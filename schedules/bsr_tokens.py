@@ -18,7 +18,7 @@ the row's stored blocks in a ring of ``stages``:
 * **consumer warps** (``warps_m`` x ``warps_n``, each a ``tile / warps_m`` x ``r / warps_n``
   tile of Y) wait on the stage, multiply with float32 accumulators, fence their reads of the
   slot against the copy engine's next writes to it (``fence.proxy.async``: without it a
-  refill overwrote a slot a warp was still reading, 4-25 of 40 calls wrong at 5 CTAs an SM
+  refill overwrote a slot a warp was still reading, 1-4 of 20-40 calls wrong at 5 CTAs an SM
   on the H200, 0 of 80 with it, ``results/probe_bsr_tokens_fence_H200.json``) and release it;
 * ``tiles`` tiles of tokens a CTA, one after the other in the same ring, so the walk of the
   next tile's blocks starts while a warp writes the last one's outputs;
@@ -234,7 +234,7 @@ def spmm(block=(32, 32), tokens: int = 128, dtype: str = "float16", out_dtype: s
                                 acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
         # the warp's ldmatrix reads (generic proxy) ordered before the copy engine's next writes
         # to the slot (async proxy): without it a refill overwrote a slot a warp was still
-        # reading (H200: 4-25 of 40 calls wrong at 5 CTAs an SM, 0 of 80 with it;
+        # reading (H200: 1-4 of 20-40 calls wrong at 5 CTAs an SM, 0 of 80 with it;
         # benchmarks/probe_bsr_tokens.py --repeat)
         fence_async()
         T.evaluate(T.call_extern("void", "__syncwarp", full_mask))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from .dsl import Operator, exp, less, maximum, select
 
@@ -27,19 +27,26 @@ def spmm() -> Operator:
     return op
 
 
-def linear() -> Operator:
+def linear(out_dtype: Optional[str] = None, bias_dtype: Optional[str] = None) -> Operator:
     """A linear layer's product on token-major activations, as ``torch.nn.Linear`` holds them:
     ``Y[k, i] = sum_j A[i, j] * X[k, j]`` (A the weight, out x in; X tokens x in; Y tokens x
-    out). For float16 BSR weights on sm_90 it compiles to ``schedules.bsr_tokens``."""
-    op = Operator("linear", "Y[k, i] = sum_j A[i, j] * X[k, j]")
+    out), plus ``bias[i]`` when ``bias_dtype`` is given; ``out_dtype`` declares Y's dtype
+    (the kernel sums in its own and stores that). For float16 BSR weights on sm_90 it
+    compiles to ``schedules.bsr_tokens``."""
+    suffix = "" if out_dtype is None and bias_dtype is None else f"_{out_dtype or 'out'}_{bias_dtype or 'nobias'}"
+    op = Operator("linear" + suffix, "Y[k, i] = sum_j A[i, j] * X[k, j]" + (" + bias[i]" if bias_dtype else ""))
     I = op.dense_fixed("i")
     J = op.sparse_variable("j", parent=I)
     K = op.dense_fixed("k", extent="feat")
     A = op.sparse_input("A", (I, J))
     X = op.dense_input("X", (K, J))
-    Y = op.dense_output("Y", (K, I))
+    bias = op.dense_input("bias", (I,), dtype=bias_dtype) if bias_dtype else None
+    Y = op.dense_output("Y", (K, I), dtype=out_dtype)
     with op.iterate([I, J, K], "SRS") as (i, j, k):
         Y[k, i] += A[i, j] * X[k, j]
+    if bias is not None:
+        with op.iterate([K, I], "SS") as (k, i):
+            Y[k, i] = Y[k, i] + bias[i]
     return op
 
 

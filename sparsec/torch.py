@@ -336,27 +336,13 @@ def _spmm_stored_as(dtype: str):
 
 @functools.lru_cache(maxsize=None)
 def _linear_stored_as(dtype: str, bias_dtype: Optional[str]):
-    """A linear layer on token-major activations, ``Y[k, i] = sum_j A[i, j] * X[k, j]
-    (+ bias[i])`` with Y declared ``dtype`` (a DSL operator like any user's): on sm_90
-    ``schedules.bsr_tokens`` takes it by structure for BSR weights, with X and Y as
-    ``torch.nn.Linear`` holds them (no transpose before or after) and the bias in its
-    epilogue."""
-    from . import dsl
+    """The library ``linear`` on token-major activations with Y declared ``dtype`` (and a
+    ``bias_dtype`` bias): on sm_90 ``schedules.bsr_tokens`` takes it by structure for BSR
+    weights, with X and Y as ``torch.nn.Linear`` holds them (no transpose before or after)
+    and the bias in its epilogue."""
+    from . import ops
 
-    op = dsl.Operator(f"linear_stored_{dtype}_{bias_dtype or 'nobias'}",
-                      f"Y[k, i] = sum_j A[i, j] * X[k, j]{' + bias[i]' if bias_dtype else ''}, Y stored as {dtype}")
-    i = op.dense_fixed("i")
-    j = op.sparse_variable("j", parent=i)
-    k = op.dense_fixed("k", extent="feat")
-    a, x = op.sparse_input("A", (i, j)), op.dense_input("X", (k, j))
-    b = op.dense_input("bias", (i,), dtype=bias_dtype) if bias_dtype else None
-    y = op.dense_output("Y", (k, i), dtype=dtype)
-    with op.iterate([i, j, k], "SRS") as (vi, vj, vk):
-        y[vk, vi] += a[vi, vj] * x[vk, vj]
-    if bias_dtype:
-        with op.iterate([k, i], "SS") as (vk, vi):
-            y[vk, vi] = y[vk, vi] + b[vi]
-    return op
+    return ops.linear(out_dtype=dtype, bias_dtype=bias_dtype)
 
 
 class SparseLinear(torch.nn.Module):
