@@ -190,3 +190,21 @@ def test_defaults_fit_a_float32_output():
             kn = bt.default_knobs(block, tokens, out_bytes=4)
             bt.plan(block, tokens, **kn, out_bytes=4)
     assert bt.default_knobs((64, 64), 4096, out_bytes=4)["stages"] == 3
+
+
+def test_launch_copies_a_misaligned_view_of_an_input():
+    """A layer's input may be a view that starts inside its allocation; the launch path hands
+    the kernels (whose TMA and 16-byte copies need aligned rows) a copy then, and the tensor
+    itself otherwise."""
+    import torch
+
+    from sparsec import torch_launch
+    from sparsec.kernel import ParamSpec
+
+    p = ParamSpec("X", "input", "float16", (4, 8))
+    base = torch.zeros(100, dtype=torch.float16)
+    view = base[1:33].view(4, 8)
+    got = torch_launch._check("linear", p, view, (4, 8), base.device)
+    assert got.data_ptr() % 16 == 0 and torch.equal(got, view) and got.data_ptr() != view.data_ptr()
+    whole = torch.zeros(4, 8, dtype=torch.float16)
+    assert torch_launch._check("linear", p, whole, (4, 8), whole.device) is whole
