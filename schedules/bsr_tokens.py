@@ -44,6 +44,7 @@ from types import SimpleNamespace
 
 from .bsr_ring import SWIZZLE
 from .tc_pipeline_epilogue import activation_fn
+from .tc_pipeline_plan import ACTIVATIONS
 from .warp_mma import check_choice, check_knobs, check_sizes, compile_for
 
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90
@@ -55,6 +56,7 @@ KNOBS = {"tile": (256, 128, 64), "warps_m": (4, 8), "warps_n": (1,), "stages": (
 UNCHECKED = {"warps_m": (1, 2), "warps_n": (2, 4), "stages": (6, 8), "per_stage": (2,), "tiles": (8,)}
 DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
+BIAS_DTYPES = ("float32", "float16", "bfloat16")
 MIN_CTAS = 64  # default_knobs: fewer CTAs than this take smaller shares of the tokens
 ACC_LIMIT = 128  # float32 accumulators a lane holds at most (the registers left for fragments and addresses)
 
@@ -85,7 +87,7 @@ def plan(block, tokens: int, tile: int = 128, warps_m: int = 4, warps_n: int = 1
                  "tiles": tiles, "direct": direct}, choices)
     wt = tile // warps_m
     if wt % 16:
-        raise ValueError(f"tile={tile} tokens over warps_m={warps_m} warps leaves {wt / 1:g} tokens a warp, "
+        raise ValueError(f"tile={tile} tokens over warps_m={warps_m} warps leaves {wt} tokens a warp, "
                          f"not a multiple of 16 (the MMA's rows)")
     if r % (16 * warps_n):
         raise ValueError(f"warps_n={warps_n} warps do not split a {r}-row block into 16-output tiles: take fewer")
@@ -95,9 +97,8 @@ def plan(block, tokens: int, tile: int = 128, warps_m: int = 4, warps_n: int = 1
                          f"{ACC_LIMIT}: take more warps or a smaller tile")
     if warps_m * warps_n > 8:
         raise ValueError(f"warps_m={warps_m} x warps_n={warps_n} consumer warps: at most 8")
-    p = SimpleNamespace(r=r, c=c, tokens=tokens, TN=tile, WM=warps_m, WN=warps_n, W=warps_m * warps_n, D=stages,
-                        G=per_stage, TT=tiles, direct=bool(direct), wt=wt, wo=r // warps_n, mt=mt, nt=nt, ks=c // 16)
-    p.threads = (p.W + 1) * 32
+    p = SimpleNamespace(r=r, c=c, TN=tile, WN=warps_n, W=warps_m * warps_n, D=stages, G=per_stage, TT=tiles,
+                        direct=bool(direct), wt=wt, wo=r // warps_n, mt=mt, nt=nt, ks=c // 16)
     p.a_bytes = per_stage * r * c * 2  # a stage's blocks, one box
     p.x_bytes = tile * c * 2  # X's tile for one block
     p.a_region = -(-p.a_bytes // 1024) * 1024
@@ -132,10 +133,10 @@ def default_knobs(block, tokens: int, rows=None, out_bytes: int = 2) -> dict:
         knobs = {"tile": 256, "warps_m": 8 if r >= 64 else 4, "warps_n": 1, "stages": 4, "per_stage": 1,
                  "tiles": 2 if r >= 64 else 1, "direct": 0}
     if rows and tokens > 128:
-        block_rows = -(-int(rows) // r)
-        if block_rows * -(-(-(-tokens // 256)) // knobs["tiles"]) < MIN_CTAS:
+        block_rows, token_tiles = -(-int(rows) // r), -(-tokens // 256)
+        if block_rows * -(-token_tiles // knobs["tiles"]) < MIN_CTAS:
             knobs["tiles"] = 1
-        if block_rows * -(-tokens // 256) < MIN_CTAS:
+        if block_rows * token_tiles < MIN_CTAS:
             knobs.update(tile=128, warps_m=4)
     for fallback in ({"stages": 3}, {"direct": 1}):
         try:
@@ -158,6 +159,8 @@ def spmm(block=(32, 32), tokens: int = 128, dtype: str = "float16", out_dtype: s
 
     check_choice("dtype", dtype, DTYPES)
     check_choice("out_dtype", out_dtype, OUT_DTYPES)
+    check_choice("bias_dtype", bias_dtype, BIAS_DTYPES)
+    check_choice("activation", activation, ACTIVATIONS)  # activation_fn passes any other name through
     out_bytes = 4 if out_dtype == "float32" else 2
     p = plan(block, tokens, **{**default_knobs(block, tokens, out_bytes=out_bytes), **knobs}, out_bytes=out_bytes,
              unchecked=unchecked)
@@ -352,6 +355,7 @@ def spmm(block=(32, 32), tokens: int = 128, dtype: str = "float16", out_dtype: s
                     consume(sb, af, bf, acc, rng[1], t * rng[2] + jj, jj, m0, o0, tx)
                 write_y(Yw, Bias, acc, words, sb, M, br, (t0 + t) * TN, m0, o0, ty, tx)
 
+    # TVMScript takes a signature as written: the kernel with a bias and without, one body
     if bias:
         @T.prim_func(s_tir=True)
         def bsr_tokens(i_h: T.handle, j_h: T.handle, v_h: T.handle, x_h: T.handle, b_h: T.handle, y_h: T.handle):

@@ -175,8 +175,9 @@ def _token_major(program, fmt, shape, clusters) -> Optional[PackedSpmm]:
             or (shape is not None and any(int(s) % TOKEN_MAJOR_MULTIPLE for s in shape))):
         return None
     return PackedSpmm("bsr_tokens", feat, 1, program.dtype.sparse, out_dtype, bias, activation, b_name, c_name,
-                      True, bias_axis, bias_dtype, None, None if shape is None else (int(shape[0]), int(shape[1]), 0),
-                      tile, None, True, None, True)
+                      transpose_c=True, bias_axis=bias_axis, bias_dtype=bias_dtype,
+                      sized_for=None if shape is None else (int(shape[0]), int(shape[1]), 0), tile=tile,
+                      clusters=True, token_major=True)
 
 
 # --------------------------------------------------------------------------- the knobs

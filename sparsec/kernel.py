@@ -191,7 +191,7 @@ class Kernel:
             raise TypeError(f"{self.op_name}: {p.name} should be {p.dtype}, got {dtype}")
         if _is_torch(x):
             self._check_torch(p.name, x)
-            return _aligned(x.contiguous() if not x.is_contiguous() else x)
+            return aligned_tensor(x.contiguous() if not x.is_contiguous() else x)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{self.op_name}: {p.name} should be a numpy array or torch tensor, got {type(x).__name__}")
         x = _exportable(x)  # the kernel only reads an input: a copy in C order is as good
@@ -202,7 +202,7 @@ class Kernel:
         kernel is copied there on each call, unless it came as EdgeValues (cached in them)."""
         if _is_torch(x):
             self._check_torch(p.name, x)
-            return _aligned(x.contiguous() if not x.is_contiguous() else x)
+            return aligned_tensor(x.contiguous() if not x.is_contiguous() else x)
         if self.target.kind == "llvm":
             return _exportable(x)
         if isinstance(given, EdgeValues):
@@ -430,7 +430,7 @@ def _alloc(shape, dtype, target: TargetSpec, like_torch: bool, dense: Sequence, 
 TORCH_ALIGN = 16  # bytes: Tensor Core kernels move their operands in 16-byte cp.async chunks
 
 
-def _aligned(x):
+def aligned_tensor(x):
     """A torch tensor whose data starts on a 16-byte boundary: ``x`` itself (torch allocates
     at 256 or more), or a copy of a view that starts inside an allocation (``big[1:]``), which
     a 16-byte copy would otherwise fault on."""

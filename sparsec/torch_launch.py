@@ -31,7 +31,7 @@ import torch
 
 from .dsl import Operator
 from .dtypes import dtype_spec
-from .kernel import _aligned, index_arrays
+from .kernel import aligned_tensor, index_arrays
 
 __all__ = ["MatrixArgs", "run", "compiled", "register", "transpose_values", "packed_operand", "kernel_for",
            "launch_matrix_op", "eager", "check_dense", "out_dtype", "torch_dtype", "ffi_views"]
@@ -342,7 +342,7 @@ def _check(op_name: str, p, x, want: Tuple[int, ...], device: torch.device) -> t
         raise ValueError(f"{op_name}: {p.name} is on {x.device} but the sparse matrix is on {device}")
     # a view starting inside an allocation (big[1:]) is copied: the Tensor Core kernels move
     # their operands 16 bytes at a time (bsr_tokens by TMA, straight from a layer's input)
-    return _aligned(x if x.is_contiguous() else x.contiguous())
+    return aligned_tensor(x if x.is_contiguous() else x.contiguous())
 
 
 def run(op: Union[str, Operator], A: MatrixArgs, inputs: Mapping[str, torch.Tensor], **params: int

@@ -208,3 +208,12 @@ def test_launch_copies_a_misaligned_view_of_an_input():
     assert got.data_ptr() % 16 == 0 and torch.equal(got, view) and got.data_ptr() != view.data_ptr()
     whole = torch.zeros(4, 8, dtype=torch.float16)
     assert torch_launch._check("linear", p, whole, (4, 8), whole.device) is whole
+
+
+@pytest.mark.parametrize("kw, match", [({"activation": "silu"}, "activation should be one of"),
+                                       ({"bias": True, "bias_dtype": "int8"}, "bias_dtype should be one of"),
+                                       ({"out_dtype": "int32"}, "out_dtype should be one of")])
+def test_spmm_refuses_an_epilogue_it_does_not_carry(kw, match):
+    """An activation the epilogue has no code for would pass through unapplied: refused by name."""
+    with pytest.raises(ValueError, match=match):
+        bt.spmm((32, 32), 256, **kw)
